@@ -1,0 +1,32 @@
+# degnn: `make demo` and `make test` do all set-up on a fresh machine.
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test bench bench-quick clean
+
+$(STAMP): pyproject.toml
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	# torch first and pinned: the CPU wheel on this machine's wheel cache (a bare `torch` pulls CUDA)
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(VPY) -m degnn.demo
+
+test: setup
+	$(VPY) -m pytest -q tests
+
+bench: setup
+	$(VPY) -m benchmarks bench=default
+
+bench-quick: setup
+	$(VPY) -m benchmarks bench=quick
+
+clean:
+	rm -rf $(VENV) runs outputs multirun .pytest_cache

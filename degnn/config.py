@@ -1,0 +1,143 @@
+"""Structured config (Hydra schemas).
+
+Every YAML file under ``conf/`` is merged onto one of these dataclasses, so a wrong type or an
+unknown key fails at compose time with Hydra's own message. ``register_configs()`` must run
+before ``@hydra.main`` (the entry points call it at import).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+# conf/ ships inside the repository, next to the package.
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+@dataclass
+class DatasetConfig:
+    name: str = MISSING
+    # synthetic | ogb | wordnet | custom
+    kind: str = MISSING
+    # node | link
+    task: str = "node"
+    # where datasets live (OGB's `root`); real OGB data is read from here when present
+    root: str = "${oc.env:DEGNN_DATA,data}"
+    # custom only: a dgl.save_graphs file or an OGB-layout folder
+    path: Optional[str] = None
+    # synthetic generator knobs
+    num_nodes: int = 0
+    num_classes: int = 0
+    feat_dim: int = 128
+    avg_degree: float = 7.0
+    homophily: float = 0.5
+    feat_noise: float = 1.0
+    # wordnet: folder with data.noun/data.verb/data.adj/data.adv
+    wordnet_dir: str = "/usr/share/wordnet"
+    # add reverse edges so messages flow both ways (the graph the pipelines see)
+    to_bidirected: bool = True
+    seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    # sage | gcn | gat
+    name: str = MISSING
+    layers: int = 2
+    hidden: int = 128
+    # one fan-out per layer, input layer first; must have `layers` entries
+    fanouts: List[int] = field(default_factory=lambda: [10, 25])
+    dropout: float = 0.5
+    heads: int = 4  # gat only
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 20
+    batch_size: int = 1024
+    lr: float = 0.003
+    weight_decay: float = 0.0
+    seed: int = 0
+    # evaluate validation/test every N epochs (full-neighbour, whole graph)
+    eval_every: int = 1
+    eval_batch_size: int = 4096
+    # stop after this many evaluations without a better validation metric (0 = never)
+    patience: int = 0
+    # keep a resumable checkpoint every N epochs
+    checkpoint_every: int = 1
+
+
+@dataclass
+class PipelineConfig:
+    # distdgl | lamp | tma
+    name: str = MISSING
+    variant: str = "default"
+
+
+@dataclass
+class PartitionConfig:
+    # random | metis | supernode
+    method: str = MISSING
+    num_parts: int = 1
+    seed: int = 0
+    # supernode: METIS clusters dealt to parts (scaled down on small graphs)
+    num_supernodes: int = 15000
+    balance_edges: bool = True
+    # partitions are cached here, keyed by dataset, method, K and seed
+    root: str = "${oc.env:DEGNN_PARTITIONS,partitions}"
+
+
+@dataclass
+class ClusterConfig:
+    # local | netns | ssh
+    kind: str = MISSING
+    machines: int = 1
+    trainers_per_machine: int = 1
+    servers_per_machine: int = 1
+    # e.g. "1gbit": a tc tbf cap on every machine's link (netns only)
+    bandwidth: Optional[str] = None
+    # first DGL server port; servers on one machine use port, port+1, ...
+    port: int = 30050
+    # netns: private subnet (x.y.z.0/24) for the namespaces and the bridge
+    subnet: str = "10.77.0"
+    # ssh: file with one `IP [port]` line per machine; workspace to cd into
+    ip_config: Optional[str] = None
+    workspace: Optional[str] = None
+    ssh_port: int = 22
+    ssh_user: Optional[str] = None
+    # a process that has died makes the others stop within this many seconds
+    fault_timeout_s: int = 60
+    dry_run: bool = False
+
+
+@dataclass
+class Config:
+    dataset: DatasetConfig = MISSING
+    model: ModelConfig = MISSING
+    train: TrainConfig = field(default_factory=TrainConfig)
+    pipeline: PipelineConfig = MISSING
+    partition: PartitionConfig = MISSING
+    cluster: ClusterConfig = MISSING
+    # a previous run directory to continue from (its last checkpoint)
+    resume: Optional[str] = None
+
+
+@dataclass
+class PartitionJob:
+    """Config of the partitioner CLI (`python -m partitioners`)."""
+
+    dataset: DatasetConfig = MISSING
+    partition: PartitionConfig = MISSING
+    # output folder of the DGL partition (JSON + part<i>/ + stats.json)
+    out: str = MISSING
+    # overwrite an existing partition of the same graph in `out`
+    force: bool = False
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    cs.store(name="partition_schema", node=PartitionJob)
