@@ -1,0 +1,61 @@
+"""`python -m degnn.launch <hydra overrides>`: start a cluster job (or a sweep of them with -m).
+
+Each Hydra job: build or find the partitions (`partitioners.ensure_partitions`), then run one
+cluster in the job's own output directory. `-m` sweeps run one cluster after another; the
+processes themselves always run a single job (`hydra.run.dir=<that directory>`), never a sweep.
+
+Test-only hook: DEGNN_ENTRY=<module> replaces the per-process entry `degnn.train`
+(tests/fake_entry.py). Nothing else reads it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from degnn.config import CONF_DIR, register_configs
+
+from .plan import DEFAULT_ENTRY, LaunchError
+
+register_configs()
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    # one line, no traceback: bad input must read like a message, not a crash
+    print(f"degnn.launch: error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+@hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from .launcher import launch
+
+    hc = HydraConfig.get()
+    run_dir = hc.runtime.output_dir
+    try:
+        from partitioners import ensure_partitions
+    except ImportError as e:
+        _fail(f"partitioners.ensure_partitions is not available ({_one_line(e)})")
+    try:
+        part_config = ensure_partitions(cfg.dataset, cfg.partition)
+    except Exception as e:  # the partitioner's own message (dataset missing, bad method, ...)
+        _fail(_one_line(e))
+    try:
+        rc = launch(cfg, run_dir, str(part_config), list(hc.overrides.task),
+                    entry=os.environ.get("DEGNN_ENTRY") or DEFAULT_ENTRY)
+    except LaunchError as e:
+        _fail(str(e))
+    if rc != 0:
+        sys.exit(rc)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""One cluster job: preflight, build the machines, run the plan, add wire counters, report.
+
+`launch()` is what the Hydra entry (`python -m degnn.launch`) calls once per job; it takes the
+partition JSON as an argument so that tests can hand it a prebuilt partition.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from .netns import NetnsCluster
+from .plan import (DEFAULT_ENTRY, LaunchError, Plan, absolute_overrides, build_plan, entry_argv,
+                   read_part_config)
+from .supervisor import Supervisor
+from . import ssh
+
+
+def say(msg: str) -> None:
+    print(f"degnn.launch: {msg}", file=sys.stderr, flush=True)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_ports_free(host: str, ports: Sequence[int]) -> None:
+    for port in ports:
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError as e:
+                raise LaunchError(
+                    f"port {port} on {host} is in use ({e.strerror}): a server left from an earlier "
+                    f"run? stop it or pick another cluster.port")
+
+
+def machines_of(cluster) -> List[Tuple[str, int]]:
+    """(ip, first server port) of every machine."""
+    kind = cluster.kind
+    if kind == "local":
+        if cluster.machines != 1:
+            raise LaunchError(f"cluster=local runs one machine, got cluster.machines="
+                              f"{cluster.machines}; use cluster=netns for several machines")
+        return [("127.0.0.1", cluster.port)]
+    if kind == "netns":
+        return [(f"{cluster.subnet}.{i + 1}", cluster.port) for i in range(cluster.machines)]
+    if kind == "ssh":
+        return ssh.read_ip_config(cluster.ip_config, cluster.port)
+    raise LaunchError(f"cluster.kind={kind!r}: expected local, netns or ssh")
+
+
+def make_plan(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str],
+              entry: str = DEFAULT_ENTRY, master_port: Optional[int] = None,
+              ifname: Optional[str] = None) -> Plan:
+    """Preflight checks that need no machine, then the plan (pure apart from reading files)."""
+    cl = cfg.cluster
+    machines = machines_of(cl)
+    num_parts = read_part_config(part_config)
+    if num_parts != len(machines):
+        src = cl.ip_config if cl.kind == "ssh" else f"cluster.machines={cl.machines}"
+        raise LaunchError(f"{len(machines)} machines ({src}) but {num_parts} partitions in "
+                          f"{part_config}: one partition per machine")
+    run_dir = os.path.abspath(run_dir)
+    overrides = absolute_overrides(task_overrides, run_dir, cfg.dataset.root, cfg.partition.root)
+    # ssh: the remote python is whatever `python3` is there (DGL's launch.py convention)
+    python = "python3" if cl.kind == "ssh" else None
+    if master_port is None:
+        master_port = cl.port - 1 if cl.kind == "ssh" else free_port()
+    if ifname is None and cl.kind == "netns":
+        from .netns import IFNAME
+        ifname = IFNAME
+    return build_plan(machines, trainers_per_machine=cl.trainers_per_machine,
+                      servers_per_machine=cl.servers_per_machine, part_config=part_config,
+                      ip_config=os.path.join(run_dir, "ip_config.txt"), run_dir=run_dir,
+                      argv=entry_argv(overrides, entry, python), master_port=master_port,
+                      ifname=ifname)
+
+
+def finalize_summary(run_dir: str, start: Optional[List[Tuple[int, int]]],
+                     end: Optional[List[Tuple[int, int]]]) -> Optional[dict]:
+    """Add the wire counters to rank 0's summary.json (null outside netns)."""
+    path = Path(run_dir) / "summary.json"
+    if not path.is_file():
+        return None
+    try:
+        summary = json.loads(path.read_text())
+    except ValueError:
+        say(f"{path} is not valid JSON; wire counters not added")
+        return None
+    if start is not None and end is not None:
+        tx = [e[0] - s[0] for s, e in zip(start, end)]
+        rx = [e[1] - s[1] for s, e in zip(start, end)]
+        total = sum(tx)
+        batches = summary.get("batches") or 0
+        summary.update(net_bytes_total=total,
+                       net_bytes_per_batch=(total / batches) if batches else None,
+                       net_tx_bytes_per_machine=tx, net_rx_bytes_per_machine=rx)
+    else:
+        for k in ("net_bytes_total", "net_bytes_per_batch", "net_tx_bytes_per_machine",
+                  "net_rx_bytes_per_machine"):
+            summary.setdefault(k, None)
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _fmt(v, digits: int = 4) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def result_line(s: dict) -> str:
+    bpb = s.get("net_bytes_per_batch")
+    return (f"result: pipeline={_fmt(s.get('pipeline'))} dataset={_fmt(s.get('dataset'))} "
+            f"machines={_fmt(s.get('machines'))} best_val={_fmt(s.get('best_val'))} "
+            f"test={_fmt(s.get('test'))} train_time_s={_fmt(s.get('train_time_s'), 1)} "
+            f"net_bytes_per_batch={_fmt(bpb, 0) if bpb is not None else '-'}")
+
+
+def launch(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str],
+           entry: str = DEFAULT_ENTRY, out=None) -> int:
+    """Run one cluster job; returns the launcher's exit status (0 = every trainer exited 0).
+
+    Raises LaunchError (one-line message) for anything wrong before a process starts."""
+    out = out or sys.stdout
+    cl = cfg.cluster
+    run_dir = os.path.abspath(run_dir)
+    plan = make_plan(cfg, run_dir, part_config, task_overrides, entry)
+    if cl.dry_run:
+        print(plan.render(), file=out, flush=True)
+        return 0
+    if cl.kind == "local":
+        check_ports_free(plan.machines[0][0],
+                         [plan.machines[0][1] + j for j in range(cl.servers_per_machine)])
+    os.makedirs(run_dir, exist_ok=True)
+    plan.write_ip_config()
+    cwd = os.getcwd()
+    with ExitStack() as stack:
+        command: Callable = lambda p: p.argv
+        on_stop = None
+        counters = None
+        if cl.kind == "netns":
+            net = NetnsCluster(len(plan.machines), cl.subnet, cl.bandwidth)
+            # (callbacks run last-in first-out: this one after the cluster is down)
+            stack.callback(lambda: net.holders or say(f"netns cluster removed in "
+                                                      f"{net.teardown_s:.2f}s"))
+            stack.enter_context(net)
+            say(f"netns cluster of {net.k} machines up in {net.setup_s:.2f}s: "
+                + ", ".join(f"{n}={ip}" for n, ip in zip(net.ns, net.ips))
+                + (f", {cl.bandwidth} per link" if cl.bandwidth else ""))
+            command = lambda p: [*net.prefix(p.machine, cwd), *p.argv]
+            counters = net.counters
+        elif cl.kind == "ssh":
+            command = lambda p: ssh.ssh_argv(p, plan.machines[p.machine][0],
+                                             workspace=cl.workspace, port=cl.ssh_port,
+                                             user=cl.ssh_user)
+
+            def on_stop():  # every command line carries hydra.run.dir=<run_dir>
+                for host in ssh.hosts_of(plan.machines):
+                    subprocess.run(ssh.kill_argv(host, f"hydra.run.dir={run_dir}",
+                                                 port=cl.ssh_port, user=cl.ssh_user),
+                                   stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+        start = counters() if counters else None
+        sup = Supervisor(plan, command=command, on_stop=on_stop, cwd=cwd,
+                         fault_timeout_s=cl.fault_timeout_s,
+                         console=getattr(out, "buffer", None))
+        say(f"{len(plan.procs)} processes ({len(plan.servers())} servers, "
+            f"{len(plan.trainers())} trainers); logs in {run_dir}")
+        outcome = sup.run()
+        end = counters() if counters else None
+        say(f"{len(plan.procs)} processes started in {outcome.started_s:.2f}s, "
+            f"stopped in {outcome.stop_s:.2f}s")
+    if not outcome.ok:
+        return outcome.returncode if outcome.returncode and outcome.returncode > 0 else 1
+    summary = finalize_summary(run_dir, start, end)
+    if summary is None:
+        say(f"trainers done, but rank 0 wrote no {run_dir}/summary.json")
+    else:
+        print(result_line(summary), file=out, flush=True)
+    return 0

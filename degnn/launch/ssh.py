@@ -1,0 +1,65 @@
+"""cluster=ssh: real machines listed in an ip_config file, processes started over ssh.
+
+Like DGL's tools/launch.py: `ssh -o StrictHostKeyChecking=no -p <port> [user@]ip
+'cd <workspace>; (export K=V ...; <cmd>)'`, one ssh per process. The run directory, partitions and
+dataset are passed as absolute paths, so the machines must see them at the same paths (a shared
+file system, as with launch.py's workspace). ssh does not forward signals to the remote command, so
+stopping a process means `pkill -f` on its host for a pattern unique to this run (the run
+directory, which is on every command line).
+
+Untested against real hosts in CI (no sshd); the command construction is unit-tested.
+"""
+from __future__ import annotations
+
+import shlex
+from typing import List, Optional, Sequence, Tuple
+
+from .plan import LaunchError, Proc
+
+
+def read_ip_config(path: Optional[str], default_port: int) -> List[Tuple[str, int]]:
+    """`IP [port]` per line (blank lines and # comments skipped) -> [(ip, port)]."""
+    if not path:
+        raise LaunchError("cluster=ssh needs cluster.ip_config=<file with one `IP [port]` line "
+                          "per machine>")
+    try:
+        text = open(path).read()
+    except OSError as e:
+        raise LaunchError(f"cannot read cluster.ip_config {path}: {e.strerror}")
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
+            raise LaunchError(f"{path}:{n}: expected `IP [port]`, got {line!r}")
+        out.append((parts[0], int(parts[1]) if len(parts) == 2 else default_port))
+    if not out:
+        raise LaunchError(f"cluster.ip_config {path} lists no machine")
+    return out
+
+
+def ssh_base(host: str, port: int = 22, user: Optional[str] = None) -> List[str]:
+    target = f"{user}@{host}" if user else host
+    # BatchMode: fail instead of prompting for a password (the launcher has no terminal to give)
+    return ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes", "-p", str(port), target]
+
+
+def remote_command(proc: Proc, workspace: Optional[str]) -> str:
+    cd = f"cd {shlex.quote(workspace)}; " if workspace else ""
+    return f"{cd}({proc.shell()})"
+
+
+def ssh_argv(proc: Proc, host: str, *, workspace: Optional[str], port: int = 22,
+             user: Optional[str] = None) -> List[str]:
+    return [*ssh_base(host, port, user), remote_command(proc, workspace)]
+
+
+def kill_argv(host: str, pattern: str, *, port: int = 22, user: Optional[str] = None,
+              sig: str = "TERM") -> List[str]:
+    return [*ssh_base(host, port, user), f"pkill -{sig} -f -- {shlex.quote(pattern)}"]
+
+
+def hosts_of(machines: Sequence[Tuple[str, int]]) -> List[str]:
+    return [ip for ip, _ in machines]

@@ -1,0 +1,175 @@
+"""A stand-in for `python -m degnn.train`, started by the launcher in tests (DEGNN_ENTRY / entry=).
+
+Servers (DGL_ROLE=server) listen on their ip_config address, publish a marker in /dev/shm and
+answer "<machine>" to every connection until rank 0 sends "shutdown" (as DGL's rank 0 client
+shuts the servers down). Trainers check what the launcher promises and record it in
+<run dir>/fake_rank<R>.json:
+  - the marker of their own machine's server is visible in /dev/shm (shared per machine) and no
+    other machine's marker nor the host's marker is (private per machine, netns only);
+  - every server is reachable at its ip_config address and says which machine it is on;
+  - FAKE_GLOO=1: a gloo all_reduce over RANK/WORLD_SIZE/MASTER_*/GLOO_SOCKET_IFNAME works;
+  - FAKE_DGL=1: instead of all of the above, a real DGL DistGraph on DGL_CONF_PATH (the trainer
+    attaches to its server's shared-memory partition) and a feature pull.
+Faults: FAKE_FAIL_RANK=r / FAKE_FAIL_SERVER=s exit 1 after FAKE_FAIL_AFTER seconds (default 2),
+while everyone else then hangs (like trainers blocked in RPC) until stopped.
+Rank 0 writes summary.json with `batches` like the real entry.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+
+E = os.environ
+
+
+def arg(name: str) -> str:
+    for a in sys.argv[1:]:
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    raise SystemExit(f"fake_entry: no {name}= argument")
+
+
+def ip_config():
+    return [(l.split()[0], int(l.split()[1])) for l in open(E["DGL_IP_CONFIG"]) if l.strip()]
+
+
+def hang_if_someone_fails():
+    if E.get("FAKE_FAIL_RANK") or E.get("FAKE_FAIL_SERVER"):
+        time.sleep(600)
+
+
+def server() -> None:
+    sid, nserv = int(E["DGL_SERVER_ID"]), int(E["DGL_NUM_SERVER"])
+    machine = sid // nserv
+    ip, port = ip_config()[machine]
+    with open(f"/dev/shm/degnn_fake_m{machine}", "w") as f:
+        f.write(str(machine))
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((ip, port + sid % nserv))
+    s.listen(64)
+    s.settimeout(0.2)
+    print(f"server {sid} on {ip}:{port + sid % nserv} pid {os.getpid()}", flush=True)
+    fail_at = (time.monotonic() + float(E.get("FAKE_FAIL_AFTER", "2"))
+               if E.get("FAKE_FAIL_SERVER") == str(sid) else None)
+    while True:
+        if fail_at and time.monotonic() > fail_at:
+            print("server failing on purpose", flush=True)
+            sys.exit(1)
+        try:
+            c, _ = s.accept()
+        except socket.timeout:
+            continue
+        with c:
+            msg = c.recv(64)
+            if msg.startswith(b"shutdown"):
+                print("shutdown", flush=True)
+                os.unlink(f"/dev/shm/degnn_fake_m{machine}")
+                return
+            c.sendall(str(machine).encode())
+
+
+def ask(ip: str, port: int, msg: bytes, tries: int = 100) -> bytes:
+    for _ in range(tries):
+        try:
+            with socket.create_connection((ip, port), timeout=5) as c:
+                c.sendall(msg)
+                return c.recv(64)
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"cannot reach {ip}:{port}")
+
+
+def trainer_checks(rank: int, machine: int) -> dict:
+    res = {"rank": rank, "machine": machine, "pid": os.getpid()}
+    own = f"/dev/shm/degnn_fake_m{machine}"
+    for _ in range(100):
+        if os.path.exists(own):
+            break
+        time.sleep(0.2)
+    res["shm_shared"] = os.path.exists(own) and open(own).read() == str(machine)
+    res["shm_foreign"] = sorted(f for f in os.listdir("/dev/shm")
+                                if f.startswith("degnn_fake_m") and f != os.path.basename(own))
+    marker = E.get("FAKE_HOST_SHM_MARKER")
+    res["host_shm_visible"] = bool(marker) and os.path.exists(f"/dev/shm/{marker}")
+    nserv = int(E["DGL_NUM_SERVER"])
+    res["reached"] = {}
+    for m, (ip, port) in enumerate(ip_config()):
+        for j in range(nserv):
+            res["reached"][f"{ip}:{port + j}"] = int(ask(ip, port + j, b"hello"))
+    if E.get("FAKE_GLOO") == "1":
+        import torch
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        res["allreduce"] = float(t.item())
+        dist.destroy_process_group()
+    return res
+
+
+def dgl_trainer(rank: int) -> dict:
+    import dgl
+    import torch
+    dgl.distributed.initialize(E["DGL_IP_CONFIG"])
+    meta = json.load(open(E["DGL_CONF_PATH"]))
+    g = dgl.distributed.DistGraph(meta["graph_name"], part_config=E["DGL_CONF_PATH"])
+    local = g.local_partition
+    feat = g.ndata["feat"][torch.arange(g.num_nodes())]
+    res = {"rank": rank, "num_nodes": g.num_nodes(), "local_nodes": local.num_nodes(),
+           "feat_sum": float(feat.sum()), "pid": os.getpid()}
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    dist.barrier()
+    return res
+
+
+def main() -> None:
+    run_dir = arg("hydra.run.dir")
+    role = E.get("DGL_ROLE")
+    if E.get("FAKE_DGL") == "1":
+        if role == "server":
+            import dgl
+            dgl.distributed.initialize(E["DGL_IP_CONFIG"])  # never returns in a server
+            return
+    elif role == "server":
+        return server()
+    rank, machine = int(E["RANK"]), int(E["GROUP_RANK"])
+    print(f"trainer rank {rank} machine {machine} pid {os.getpid()} argv {sys.argv[1:]}", flush=True)
+    res = dgl_trainer(rank) if E.get("FAKE_DGL") == "1" else trainer_checks(rank, machine)
+    res["env"] = {k: v for k, v in E.items() if k.startswith(("DGL_", "MASTER_", "GLOO_"))
+                  or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                           "DEGNN_LAUNCHED")}
+    with open(os.path.join(run_dir, f"fake_rank{rank}.json"), "w") as f:
+        json.dump(res, f)
+    if E.get("FAKE_FAIL_RANK") == str(rank):
+        time.sleep(float(E.get("FAKE_FAIL_AFTER", "2")))
+        print("trainer failing on purpose", flush=True)
+        sys.exit(1)
+    hang_if_someone_fails()
+    if rank == 0:
+        world = int(E["WORLD_SIZE"])
+        for _ in range(300):
+            if all(os.path.exists(os.path.join(run_dir, f"fake_rank{r}.json")) for r in range(world)):
+                break
+            time.sleep(0.1)
+        for i in range(10):
+            print(f"\rfake epoch: {i + 1}/10", end="", flush=True)
+        print(flush=True)
+        summary = {"pipeline": "fake", "dataset": "tiny", "machines": len(ip_config()),
+                   "trainers": world, "best_val": 0.5, "test": 0.25, "train_time_s": 1.0,
+                   "batches": 10, "net_bytes_total": None, "status": "ok"}
+        with open(os.path.join(run_dir, "summary.json"), "w") as f:
+            json.dump(summary, f)
+        if E.get("FAKE_DGL") != "1":
+            nserv = int(E["DGL_NUM_SERVER"])
+            for ip, port in ip_config():
+                for j in range(nserv):
+                    ask(ip, port + j, b"shutdown")
+
+
+if __name__ == "__main__":
+    main()
