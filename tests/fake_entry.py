@@ -173,3 +173,53 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# ---- helpers for tests/test_launch*.py (not used by the fake processes) --------------------------
+
+# runs one cluster job outside Hydra's CLI: `python -c RUNNER <run_dir> <part_config> <overrides>`
+RUNNER = r"""
+import os, sys
+from hydra import compose, initialize_config_dir
+from degnn.config import CONF_DIR, register_configs
+from degnn.launch import launch, LaunchError
+register_configs()
+run_dir, part, *ov = sys.argv[1:]
+with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+    cfg = compose("config", overrides=ov)
+try:
+    rc = launch(cfg, run_dir, part, ov, entry=os.environ.get("DEGNN_ENTRY", "tests.fake_entry"))
+except LaunchError as e:
+    print(f"degnn.launch: error: {e}", file=sys.stderr)
+    rc = 2
+sys.exit(rc)
+"""
+
+
+def make_partition(out: str, num_parts: int) -> str:
+    """A DGL partition of a tiny random graph (node feature `feat`); returns the JSON path."""
+    import dgl
+    import torch
+    torch.manual_seed(0)
+    g = dgl.rand_graph(200, 1000)
+    g.ndata["feat"] = torch.arange(200, dtype=torch.float32).unsqueeze(1).repeat(1, 4)
+    dgl.distributed.partition_graph(g, "tiny", num_parts, out, part_method="random")
+    return os.path.join(out, "tiny.json")
+
+
+def processes_mentioning(text: str) -> list:
+    """pids of live processes whose command line contains `text` (e.g. a run directory)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmd and state != "Z":
+            out.append(int(pid))
+    return out

@@ -35,6 +35,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 def check_ports_free(host: str, ports: Sequence[int]) -> None:
     for port in ports:
         with socket.socket() as s:
+            # as the servers bind: connections of an earlier run in TIME_WAIT do not count
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, port))
             except OSError as e:
@@ -168,7 +170,7 @@ def launch(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str],
 
             def on_stop():  # every command line carries hydra.run.dir=<run_dir>
                 for host in ssh.hosts_of(plan.machines):
-                    subprocess.run(ssh.kill_argv(host, f"hydra.run.dir={run_dir}",
+                    subprocess.run(ssh.kill_argv(host, run_dir,
                                                  port=cl.ssh_port, user=cl.ssh_user),
                                    stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
         start = counters() if counters else None

@@ -56,9 +56,17 @@ def ssh_argv(proc: Proc, host: str, *, workspace: Optional[str], port: int = 22,
     return [*ssh_base(host, port, user), remote_command(proc, workspace)]
 
 
-def kill_argv(host: str, pattern: str, *, port: int = 22, user: Optional[str] = None,
+def run_pattern(run_dir: str) -> str:
+    """pkill -f regex for the processes of one run: every command line has hydra.run.dir=<dir>.
+
+    The bracket keeps the pattern from matching the remote shell that runs pkill itself."""
+    esc = "".join("\\" + c if c in ".[]()*+?{}|^$\\" else c for c in run_dir)
+    return f"[h]ydra\\.run\\.dir={esc}( |$)"
+
+
+def kill_argv(host: str, run_dir: str, *, port: int = 22, user: Optional[str] = None,
               sig: str = "TERM") -> List[str]:
-    return [*ssh_base(host, port, user), f"pkill -{sig} -f -- {shlex.quote(pattern)}"]
+    return [*ssh_base(host, port, user), f"pkill -{sig} -f -- {shlex.quote(run_pattern(run_dir))}"]
 
 
 def hosts_of(machines: Sequence[Tuple[str, int]]) -> List[str]:

@@ -1,0 +1,281 @@
+"""Launcher: the plan (env, commands, ip_config), dry run, preflight errors, ssh commands, and
+cluster=local runs with the fake entry (tests/fake_entry.py; no root needed)."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from degnn.config import CONF_DIR, register_configs
+from degnn.launch import LaunchError, finalize_summary, launch, make_plan, result_line
+from degnn.launch import ssh
+from degnn.launch.netns import parse_rate
+
+import fake_entry
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+register_configs()
+
+# what DGL's tools/launch.py exports (reference/dgl-ecosystem.md section 1.3), plus our own
+SERVER_KEYS = {"DGL_ROLE", "DGL_NUM_SAMPLER", "OMP_NUM_THREADS", "DGL_NUM_CLIENT", "DGL_CONF_PATH",
+               "DGL_IP_CONFIG", "DGL_NUM_SERVER", "DGL_GRAPH_FORMAT", "DGL_SERVER_ID", "PYTHONPATH",
+               "DEGNN_LAUNCHED"}
+TRAINER_KEYS = {"DGL_DIST_MODE", "DGL_ROLE", "DGL_NUM_SAMPLER", "DGL_NUM_CLIENT", "DGL_CONF_PATH",
+                "DGL_IP_CONFIG", "DGL_NUM_SERVER", "DGL_GRAPH_FORMAT", "DGL_GROUP_ID",
+                "OMP_NUM_THREADS", "PYTHONPATH",
+                # torchrun's, set by the launcher itself
+                "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                "MASTER_PORT", "DEGNN_LAUNCHED"}
+
+
+def cfg_of(*overrides):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("parts")
+    return {k: fake_entry.make_partition(str(root / f"p{k}"), k) for k in (1, 2)}
+
+
+def free_port() -> int:
+    # local runs get their own port: other runs on this host may hold the default 30050
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_launcher(run_dir, part, *overrides, env=None, timeout=90):
+    """The launcher in a subprocess (its own signal handlers, stdout); returns (rc, out, err, s)."""
+    t0 = time.monotonic()
+    r = subprocess.run([PY, "-c", fake_entry.RUNNER, str(run_dir), part, *overrides], cwd=REPO,
+                       env={**os.environ, **(env or {})}, capture_output=True, text=True,
+                       timeout=timeout)
+    return r.returncode, r.stdout, r.stderr, time.monotonic() - t0
+
+
+# ---- the plan ---------------------------------------------------------------------------------
+def test_plan_two_machines_two_trainers_one_server(parts, tmp_path):
+    ov = ["cluster=netns", "cluster.machines=2", "cluster.trainers_per_machine=2", "model.layers=3"]
+    cfg = cfg_of(*ov)
+    plan = make_plan(cfg, str(tmp_path), parts[2], ov, entry="degnn.train", master_port=1234)
+    assert plan.ip_config_text == "10.77.0.1 30050\n10.77.0.2 30050\n"
+    assert plan.ip_config == str(tmp_path / "ip_config.txt")
+    servers, trainers = plan.servers(), plan.trainers()
+    assert [(p.machine, p.index) for p in servers] == [(0, 0), (1, 1)]
+    assert [(p.machine, p.index) for p in trainers] == [(0, 0), (0, 1), (1, 2), (1, 3)]
+    common = {"DGL_NUM_SAMPLER": "0", "DGL_NUM_CLIENT": "4", "DGL_CONF_PATH": parts[2],
+              "DGL_IP_CONFIG": plan.ip_config, "DGL_NUM_SERVER": "1", "DGL_GRAPH_FORMAT": "csc",
+              "DEGNN_LAUNCHED": "1"}
+    for s in servers:
+        assert set(s.env) == SERVER_KEYS
+        assert s.env == {**s.env, **common, "DGL_ROLE": "server", "OMP_NUM_THREADS": "1",
+                         "DGL_SERVER_ID": str(s.index)}
+        assert s.log == str(tmp_path / f"server{s.index}.log")
+    for t in trainers:
+        assert set(t.env) == TRAINER_KEYS | {"GLOO_SOCKET_IFNAME"}
+        assert t.env == {**t.env, **common, "DGL_DIST_MODE": "distributed", "DGL_ROLE": "client",
+                         "DGL_GROUP_ID": "0", "RANK": str(t.index), "WORLD_SIZE": "4",
+                         "LOCAL_RANK": str(t.index % 2), "LOCAL_WORLD_SIZE": "2",
+                         "GROUP_RANK": str(t.machine), "MASTER_ADDR": "10.77.0.1",
+                         "MASTER_PORT": "1234", "GLOO_SOCKET_IFNAME": "eth0"}
+        assert t.log == str(tmp_path / f"rank{t.index}.log")
+    assert str(REPO) in trainers[0].env["PYTHONPATH"].split(os.pathsep)
+    # every process runs the same command line: the user's overrides plus absolute paths
+    argv = [PY, "-m", "degnn.train", *ov, f"hydra.run.dir={tmp_path}",
+            f"dataset.root={os.path.abspath('data')}",
+            f"partition.root={os.path.abspath('partitions')}"]
+    assert all(p.argv == argv for p in plan.procs)
+
+
+def test_local_plan_has_no_gloo_ifname(parts, tmp_path):
+    plan = make_plan(cfg_of("cluster=local"), str(tmp_path), parts[1], [])
+    assert plan.ip_config_text == "127.0.0.1 30050\n"
+    (t,) = plan.trainers()
+    assert set(t.env) == TRAINER_KEYS and t.env["MASTER_ADDR"] == "127.0.0.1"
+
+
+def test_user_paths_are_made_absolute(parts, tmp_path):
+    ov = ["dataset.root=mydata", "partition.root=/abs/parts", "train.epochs=1"]
+    plan = make_plan(cfg_of(*ov), "rel/run", parts[1], ov)
+    argv = plan.procs[0].argv
+    assert argv[3:] == ["train.epochs=1", f"hydra.run.dir={os.path.abspath('rel/run')}",
+                        f"dataset.root={os.path.abspath('mydata')}", "partition.root=/abs/parts"]
+
+
+def test_dry_run_prints_and_starts_nothing(parts, tmp_path):
+    ov = ["cluster=netns", "cluster.trainers_per_machine=2", "cluster.dry_run=true"]
+    out = io.StringIO()
+    run_dir = tmp_path / "run"
+    assert launch(cfg_of(*ov), str(run_dir), parts[2], ov, out=out) == 0
+    text = out.getvalue()
+    for name in ("server0", "server1", "rank0", "rank1", "rank2", "rank3"):
+        assert f"  {name} [" in text
+    assert "DGL_ROLE=server" in text and "GLOO_SOCKET_IFNAME=eth0" in text
+    assert "10.77.0.2 30050" in text and "-m degnn.train" in text
+    assert not run_dir.exists()  # nothing written, nothing started
+
+
+# ---- preflight: one line, before anything starts ------------------------------------------------
+def one_line_error(fn) -> str:
+    with pytest.raises(LaunchError) as e:
+        fn()
+    msg = str(e.value)
+    assert "\n" not in msg and msg
+    return msg
+
+
+def test_local_refuses_several_machines(parts, tmp_path):
+    cfg = cfg_of("cluster=local", "cluster.machines=2")
+    msg = one_line_error(lambda: launch(cfg, str(tmp_path), parts[2], []))
+    assert "cluster=netns" in msg
+
+
+def test_machines_must_match_partitions(parts, tmp_path):
+    cfg = cfg_of("cluster=netns", "cluster.machines=3")
+    msg = one_line_error(lambda: launch(cfg, str(tmp_path), parts[2], []))
+    assert "3 machines" in msg and "2 partitions" in msg
+
+
+def test_ssh_ip_config_lines_must_match_partitions(parts, tmp_path):
+    ipc = tmp_path / "ips.txt"
+    ipc.write_text("10.0.0.1\n10.0.0.2 4000\n10.0.0.3\n")
+    cfg = cfg_of("cluster=ssh", f"cluster.ip_config={ipc}")
+    msg = one_line_error(lambda: launch(cfg, str(tmp_path / "run"), parts[2], []))
+    assert str(ipc) in msg and "2 partitions" in msg
+
+
+def test_missing_partition_file(parts, tmp_path):
+    copy = tmp_path / "p2"
+    shutil.copytree(Path(parts[2]).parent, copy)
+    (copy / "part1" / "graph.dgl").unlink()
+    cfg = cfg_of("cluster=netns")
+    msg = one_line_error(lambda: launch(cfg, str(tmp_path / "run"), str(copy / "tiny.json"), []))
+    assert "part1/graph.dgl" in msg and "missing" in msg
+    msg = one_line_error(lambda: launch(cfg, str(tmp_path / "run"), str(tmp_path / "no.json"), []))
+    assert "does not exist" in msg
+
+
+def test_port_in_use(parts, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        cfg = cfg_of("cluster=local", f"cluster.port={port}")
+        msg = one_line_error(lambda: launch(cfg, str(tmp_path / "run"), parts[1], []))
+    assert f"port {port}" in msg and "in use" in msg
+    assert not (tmp_path / "run").exists()
+
+
+def test_preflight_error_from_the_command_line(parts, tmp_path):
+    rc, out, err, _ = run_launcher(tmp_path / "run", parts[2], "cluster=local", "cluster.machines=2")
+    assert rc != 0
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("degnn.launch: error:"), err
+
+
+# ---- ssh commands (no sshd here: construction only) ----------------------------------------------
+def test_ssh_ip_config_and_commands(parts, tmp_path):
+    ipc = tmp_path / "ips.txt"
+    ipc.write_text("# two hosts\n10.0.0.1\n\n10.0.0.2 4000  # custom port\n")
+    assert ssh.read_ip_config(str(ipc), 30050) == [("10.0.0.1", 30050), ("10.0.0.2", 4000)]
+    ov = ["cluster=ssh", f"cluster.ip_config={ipc}", "cluster.workspace=/ws dir",
+          "model.name=gat"]
+    cfg = cfg_of(*ov)
+    plan = make_plan(cfg, str(tmp_path / "run"), parts[2], ov)
+    assert plan.ip_config_text == "10.0.0.1 30050\n10.0.0.2 4000\n"
+    t = plan.trainers()[1]
+    argv = ssh.ssh_argv(t, "10.0.0.2", workspace="/ws dir", port=2222, user="me")
+    assert argv[:-1] == ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes",
+                         "-p", "2222", "me@10.0.0.2"]
+    remote = argv[-1]
+    assert remote.startswith("cd '/ws dir'; (export ") and remote.endswith(")")
+    assert "RANK=1 " in remote and "GROUP_RANK=1 " in remote and "MASTER_ADDR=10.0.0.1 " in remote
+    assert "python3 -m degnn.train " in remote and "'cluster.workspace=/ws dir'" in remote
+    # the remote shell gets back exactly the argv
+    inner = remote[len("cd '/ws dir'; ("):-1].split("; ", 1)[1]
+    assert subprocess.run(["sh", "-c", f"printf '%s\\n' {inner}"], capture_output=True,
+                          text=True).stdout.splitlines() == t.argv
+    run = str(tmp_path / "run")
+    kill = ssh.kill_argv("10.0.0.2", run, port=2222)
+    assert kill[-1].startswith("pkill -TERM -f -- '[h]ydra")
+    # the pattern matches this run's command lines only (pgrep -f uses the same regex flavour)
+    nap = [PY, "-c", "import time; time.sleep(30)"]
+    probe = subprocess.Popen([*nap, f"hydra.run.dir={run}", "x=1"])
+    other = subprocess.Popen([*nap, f"hydra.run.dir={run}2"])
+    try:
+        found = subprocess.run(["pgrep", "-f", "--", ssh.run_pattern(run)], capture_output=True,
+                               text=True).stdout.split()
+        assert found == [str(probe.pid)]
+    finally:
+        probe.kill(), other.kill(), probe.wait(), other.wait()
+    with pytest.raises(LaunchError):
+        ssh.read_ip_config(str(tmp_path / "missing.txt"), 1)
+    msg = one_line_error(lambda: make_plan(cfg_of("cluster=ssh"), str(tmp_path), parts[2], []))
+    assert "cluster.ip_config" in msg
+
+
+def test_parse_rate():
+    assert parse_rate("1gbit") == 1e9 / 8
+    assert parse_rate("100mbit") == 100e6 / 8
+    assert parse_rate("10mbps") == 10e6
+    with pytest.raises(LaunchError):
+        parse_rate("fast")
+
+
+def test_finalize_summary_adds_wire_counters(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"pipeline": "distdgl", "dataset": "d", "machines": 2, "best_val": 0.5, "test": 0.4,
+         "train_time_s": 3.0, "batches": 10}))
+    s = finalize_summary(str(tmp_path), [(100, 50), (10, 5)], [(1100, 550), (2010, 1005)])
+    assert s["net_bytes_total"] == 3000 and s["net_bytes_per_batch"] == 300.0
+    assert s["net_tx_bytes_per_machine"] == [1000, 2000]
+    assert json.loads((tmp_path / "summary.json").read_text()) == s
+    line = result_line(s)
+    assert line.startswith("result: pipeline=distdgl") and "net_bytes_per_batch=300" in line
+    s = finalize_summary(str(tmp_path), None, None)
+    assert finalize_summary(str(tmp_path / "none"), None, None) is None
+
+
+# ---- cluster=local with the fake entry ----------------------------------------------------------
+def test_local_run(parts, tmp_path):
+    run_dir = tmp_path / "run"
+    port = free_port()
+    rc, out, err, _ = run_launcher(run_dir, parts[1], "cluster=local", f"cluster.port={port}",
+                                   "cluster.trainers_per_machine=2", "train.epochs=1")
+    assert rc == 0, err
+    assert "fake epoch: 10/10" in out  # rank 0 teed to the console
+    assert "result: pipeline=fake dataset=tiny machines=1" in out
+    for name in ("server0.log", "rank0.log", "rank1.log", "ip_config.txt"):
+        assert (run_dir / name).is_file()
+    assert "fake epoch" in (run_dir / "rank0.log").read_text()
+    r1 = json.loads((run_dir / "fake_rank1.json").read_text())
+    assert r1["shm_shared"] and r1["reached"] == {f"127.0.0.1:{port}": 0}
+    assert r1["env"]["DGL_IP_CONFIG"] == str(run_dir / "ip_config.txt")
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["net_bytes_total"] is None and s["net_bytes_per_batch"] is None
+    assert not fake_entry.processes_mentioning(str(run_dir))
+
+
+def test_local_trainer_fault_stops_everything(parts, tmp_path):
+    run_dir = tmp_path / "run"
+    rc, out, err, took = run_launcher(run_dir, parts[1], "cluster=local", f"cluster.port={free_port()}",
+                                      "cluster.trainers_per_machine=2",
+                                      "cluster.fault_timeout_s=20", env={"FAKE_FAIL_RANK": "1"})
+    assert rc != 0
+    assert f"trainer rank 1 (machine 0) pid" in err and "exited with code 1" in err
+    assert str(run_dir / "rank1.log") in err
+    assert took < 20
+    assert not fake_entry.processes_mentioning(str(run_dir))
