@@ -1,0 +1,110 @@
+"""Run output: byte counters, the evaluation curve (curve.jsonl) and the run summary (summary.json).
+
+File names and summary keys are a contract with the launcher, the benchmarks and the tests
+(DESIGN.md, "A run's output"): keep them stable.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, Optional
+
+SUMMARY_FILE = "summary.json"
+CURVE_FILE = "curve.jsonl"
+
+
+class ByteCounter:
+    """Application-level bytes, by category, counted where degnn sends or requests them.
+
+    Categories used by the pipelines: ``sampling`` (sampling RPC to remote servers),
+    ``features`` (KVStore pulls of remote rows), ``allreduce`` (gradient all-reduce),
+    ``rpc`` (degnn's own RPC services), ``eval`` (evaluation traffic, kept out of per-batch numbers).
+    """
+
+    def __init__(self):
+        self.bytes: Dict[str, int] = defaultdict(int)
+
+    def add(self, category: str, nbytes: int) -> None:
+        self.bytes[category] += int(nbytes)
+
+    def total(self, exclude=("eval",)) -> int:
+        return sum(v for k, v in self.bytes.items() if k not in exclude)
+
+    def as_dict(self) -> Dict[str, int]:
+        return dict(self.bytes)
+
+
+def ring_allreduce_bytes(payload_bytes: int, world_size: int) -> int:
+    """Bytes one rank sends in a ring all-reduce of `payload_bytes`: 2 (W-1)/W of the payload."""
+    if world_size <= 1:
+        return 0
+    return int(2 * (world_size - 1) * payload_bytes / world_size)
+
+
+class WireCounter:
+    """Bytes this machine sent on its network interface (netns veth), read from sysfs.
+
+    Only meaningful when the launcher gave the machine its own interface (cluster=netns);
+    `read()` returns None elsewhere.
+    """
+
+    def __init__(self, iface: Optional[str]):
+        self.path = Path(f"/sys/class/net/{iface}/statistics/tx_bytes") if iface else None
+        if self.path is not None and not self.path.exists():
+            self.path = None
+
+    def read(self) -> Optional[int]:
+        if self.path is None:
+            return None
+        return int(self.path.read_text())
+
+    @classmethod
+    def from_env(cls) -> "WireCounter":
+        # only on netns machines is GLOO_SOCKET_IFNAME this machine's own veth
+        iface = os.environ.get("GLOO_SOCKET_IFNAME") if os.environ.get("DEGNN_NETNS") else None
+        return cls(iface)
+
+
+def append_curve(run_dir: Path, record: dict) -> None:
+    with open(Path(run_dir) / CURVE_FILE, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_curve(run_dir: Path) -> list:
+    path = Path(run_dir) / CURVE_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_summary(run_dir: Path) -> dict:
+    return json.loads((Path(run_dir) / SUMMARY_FILE).read_text())
+
+
+def write_summary(run_dir: Path, summary: dict) -> None:
+    write_json_atomic(Path(run_dir) / SUMMARY_FILE, summary)
+
+
+def result_line(s: dict) -> str:
+    """The one-line result every run ends with."""
+
+    def fmt(v, spec):
+        return "n/a" if v is None else format(v, spec)
+
+    return (
+        f"result: {s.get('pipeline')}/{s.get('variant')} {s.get('dataset')} "
+        f"machines={s.get('machines')} trainers={s.get('trainers')} status={s.get('status')} "
+        f"best_val={fmt(s.get('best_val'), '.4f')} test={fmt(s.get('test'), '.4f')} ({s.get('metric')}) "
+        f"epochs={s.get('epochs')} train_time={fmt(s.get('train_time_s'), '.1f')}s "
+        f"app_bytes/batch={fmt(s.get('app_bytes_per_batch'), ',.0f')} "
+        f"net_bytes/batch={fmt(s.get('net_bytes_per_batch'), ',.0f')}"
+    )

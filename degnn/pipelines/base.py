@@ -1,0 +1,218 @@
+"""The interface every pipeline implements, and the epoch loop they share.
+
+A pipeline supplies `setup`, `train_epoch` and `evaluate`; `run` does the rest the same way for
+all of them: evaluation every N epochs, best-validation model, early stop, checkpoints that a
+later run can resume from, curve.jsonl and summary.json. A pipeline whose training is not
+epoch-shaped (TMA's time-based rounds) overrides `run`.
+"""
+from __future__ import annotations
+
+import os
+import random
+import resource
+import time
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from degnn.metrics import WireCounter, append_curve, read_curve, write_summary
+
+CHECKPOINT = "checkpoint.pt"
+BEST_MODEL = "best_model.pt"
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def broadcast_object(obj, src: int = 0):
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+class Pipeline:
+    name = "base"
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.cfg = ctx.cfg
+        self.log = ctx.log
+        self.model: Optional[torch.nn.Module] = None  # the unwrapped model (checkpointed)
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+        self.batches = 0  # training steps taken by this trainer
+        self.wire = WireCounter.from_env() if ctx.local_rank == 0 else WireCounter(None)
+        self.wire_train_bytes = 0
+
+    # --- what each pipeline provides -------------------------------------------------------
+    def setup(self) -> None:
+        raise NotImplementedError
+
+    def train_epoch(self, epoch: int, progress: Optional[tqdm]) -> Tuple[float, int]:
+        """Train one epoch; return (mean loss, number of batches)."""
+        raise NotImplementedError
+
+    def evaluate(self) -> Tuple[float, float]:
+        """(validation metric, test metric), identical on every rank."""
+        raise NotImplementedError
+
+    def extra_summary(self) -> Dict[str, object]:
+        return {}
+
+    # --- shared ------------------------------------------------------------------------------
+    def batches_per_epoch(self) -> Optional[int]:
+        return None
+
+    def _checkpoint(self, path: Path, state: dict) -> None:
+        tmp = path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+
+    def _load_resume(self) -> Optional[dict]:
+        if not self.cfg.resume:
+            return None
+        path = Path(self.cfg.resume) / CHECKPOINT
+        if not path.exists():
+            raise FileNotFoundError(f"resume={self.cfg.resume}: no {CHECKPOINT} there; "
+                                    f"pass the run directory of a run that finished at least one epoch")
+        return torch.load(path, map_location="cpu", weights_only=False)
+
+    def run(self) -> dict:
+        ctx, cfg = self.ctx, self.cfg
+        run_dir = ctx.run_dir
+        self.setup()
+        state = {"epoch": 0, "best_val": None, "best_test": None, "best_epoch": None, "test_final": None,
+                 "train_time_s": 0.0, "epoch_times": [], "batches": 0, "bad_evals": 0, "bytes": {},
+                 "wire_train_bytes": 0}
+        ckpt = self._load_resume()
+        if ckpt is not None:
+            self.model.load_state_dict(ckpt["model"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+            state.update(ckpt["state"])
+            set_rng_state(ckpt["rng"][ctx.rank])
+            self.batches = state["batches"]
+            self.wire_train_bytes = state["wire_train_bytes"]
+            for k, v in state["bytes"].items():
+                ctx.counter.add(k, v)
+            if ctx.is_rank0:
+                # the curve continues: keep the finished epochs of the run we resume
+                for rec in read_curve(Path(cfg.resume)):
+                    if rec["epoch"] <= state["epoch"]:
+                        append_curve(run_dir, rec)
+                self.log.info("resumed from %s after epoch %d", cfg.resume, state["epoch"])
+        if ctx.is_rank0:
+            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+
+        wall0 = time.time()
+        start_epoch = state["epoch"]
+        status = "ok"
+        for epoch in range(start_epoch + 1, cfg.train.epochs + 1):
+            progress = None
+            if ctx.is_rank0:
+                progress = tqdm(total=self.batches_per_epoch(), desc=f"epoch {epoch}/{cfg.train.epochs}",
+                                unit="batch", leave=False, mininterval=1.0)
+            dist.barrier()
+            wire0, t0 = self.wire.read(), time.time()
+            loss, nb = self.train_epoch(epoch, progress)
+            dt = time.time() - t0
+            wire1 = self.wire.read()
+            if wire0 is not None:
+                self.wire_train_bytes += wire1 - wire0
+            if progress is not None:
+                progress.close()
+            self.batches += nb
+            state["train_time_s"] += dt
+            state["epoch_times"].append(dt)
+            state["epoch"] = epoch
+            record = {"epoch": epoch, "train_time_s": round(state["train_time_s"], 3),
+                      "wall_s": round(time.time() - wall0, 3), "loss": loss}
+            stop = False
+            if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs:
+                val, test = self.evaluate()
+                record.update(val=val, test=test)
+                state["test_final"] = test
+                if state["best_val"] is None or val > state["best_val"]:
+                    state.update(best_val=val, best_test=test, best_epoch=epoch, bad_evals=0)
+                    if ctx.is_rank0:
+                        self._checkpoint(run_dir / BEST_MODEL, {"model": self.model.state_dict(), "epoch": epoch})
+                else:
+                    state["bad_evals"] += 1
+                    stop = cfg.train.patience > 0 and state["bad_evals"] >= cfg.train.patience
+            if ctx.is_rank0:
+                append_curve(run_dir, record)
+                msg = f"epoch {epoch}: loss {loss:.4f}, {dt:.1f}s"
+                if "val" in record:
+                    msg += f", val {record['val']:.4f}, test {record['test']:.4f}"
+                self.log.info(msg)
+            state["batches"] = self.batches
+            state["bytes"] = ctx.counter.as_dict()
+            state["wire_train_bytes"] = self.wire_train_bytes
+            if epoch % cfg.train.checkpoint_every == 0 or stop or epoch == cfg.train.epochs:
+                rngs = [None] * ctx.world_size
+                dist.all_gather_object(rngs, rng_state())
+                if ctx.is_rank0:
+                    self._checkpoint(run_dir / CHECKPOINT, {
+                        "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "state": dict(state), "rng": rngs})
+            if stop:
+                self.log.info("early stop: no better validation for %d evaluations", cfg.train.patience)
+                break
+        if state["best_val"] is None:  # e.g. resumed a finished run
+            val, test = self.evaluate()
+            state.update(best_val=val, best_test=test, test_final=test, best_epoch=state["epoch"])
+        return self._summary(state, status)
+
+    def _summary(self, state: dict, status: str) -> dict:
+        ctx, cfg = self.ctx, self.cfg
+        # sum over trainers: bytes and batches; max: memory
+        t = torch.tensor([float(ctx.counter.total()), float(ctx.counter.bytes.get("allreduce", 0)),
+                          float(self.batches), float(self.wire_train_bytes),
+                          float(ctx.counter.bytes.get("eval", 0))], dtype=torch.float64)
+        dist.all_reduce(t)
+        rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
+        dist.all_reduce(rss, op=dist.ReduceOp.MAX)
+        by_cat = [None] * ctx.world_size
+        dist.all_gather_object(by_cat, ctx.counter.as_dict())
+        app, allreduce, batches, wire, eval_bytes = t.tolist()
+        cats: Dict[str, int] = {}
+        for d in by_cat:
+            for k, v in d.items():
+                cats[k] = cats.get(k, 0) + v
+        on_netns = self.wire.path is not None or bool(os.environ.get("DEGNN_NETNS"))
+        times = state["epoch_times"]
+        summary = {
+            "pipeline": cfg.pipeline.name, "variant": cfg.pipeline.variant,
+            "dataset": cfg.dataset.name, "task": cfg.dataset.task,
+            "metric": getattr(self, "metric", "acc"),
+            "model": cfg.model.name, "layers": cfg.model.layers, "hidden": cfg.model.hidden,
+            "machines": ctx.machines, "trainers": ctx.world_size,
+            "best_val": state["best_val"], "test": state["best_test"], "test_final": state["test_final"],
+            "best_epoch": state["best_epoch"],
+            "train_time_s": round(state["train_time_s"], 3), "epochs": state["epoch"],
+            "epoch_time_s": round(sum(times) / len(times), 3) if times else None,
+            "batches": int(batches),
+            "app_bytes_per_batch": app / batches if batches else None,
+            "allreduce_bytes_per_batch": allreduce / batches if batches else None,
+            "app_bytes_by_category": cats,
+            "eval_bytes_total": int(eval_bytes),
+            "net_bytes_train": int(wire) if on_netns else None,
+            "net_bytes_per_batch": wire / batches if (on_netns and batches) else None,
+            "net_bytes_total": None,  # filled in by the launcher from the veth counters
+            "peak_rss_mb_trainer": round(rss.item(), 1),
+            "status": status,
+        }
+        summary.update(self.extra_summary())
+        if ctx.is_rank0:
+            write_summary(ctx.run_dir, summary)
+        return summary

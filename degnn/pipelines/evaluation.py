@@ -1,0 +1,97 @@
+"""Whole-graph evaluation on a DistGraph, shared by the pipelines.
+
+Layer-wise, full-neighbour inference as DistDGL does it: for each layer, every trainer computes
+that layer's output for its share of all nodes and writes it into a DistTensor; after a barrier
+the next layer reads those rows. Rank 0 then scores validation and test predictions with the
+dataset's evaluator (OGB's `Evaluator`).
+"""
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import dgl
+import torch
+import torch.distributed as dist
+
+from degnn.models import hops_from_blocks
+from degnn.runtime.compat import DistNodeDataLoader, MultiLayerFullNeighborSampler
+
+
+def accuracy_evaluator(dataset_name: str):
+    """OGB's Evaluator for the dataset; its multiclass accuracy serves every `acc` dataset.
+
+    OGB's Evaluator only knows OGB's own names; for the others (synthetic, WordNet, custom) the
+    ogbn-arxiv evaluator is exactly plain multiclass accuracy over [n, 1] tensors.
+    """
+    from ogb.nodeproppred import Evaluator
+
+    try:
+        ev = Evaluator(dataset_name)
+    except (ValueError, KeyError):
+        ev = Evaluator("ogbn-arxiv")
+
+    def evaluate(y_true: torch.Tensor, y_pred: torch.Tensor) -> float:
+        return float(ev.eval({"y_true": y_true.view(-1, 1), "y_pred": y_pred.view(-1, 1)})["acc"])
+
+    return evaluate
+
+
+def remote_rows(pb, nids: torch.Tensor) -> int:
+    """How many of `nids` live on another machine (their reads cross the network)."""
+    return int((pb.nid2partid(nids) != pb.partid).sum())
+
+
+class DistEvaluator:
+    def __init__(self, ctx, model, out_dims: List[int], evaluate_fn, batch_size: int):
+        g = ctx.graph
+        self.ctx, self.g, self.model, self.evaluate_fn = ctx, g, model, evaluate_fn
+        self.pb = g.get_partition_book()
+        self.batch_size = batch_size
+        n = g.num_nodes()
+        self.all_nids = dgl.distributed.node_split(torch.ones(n, dtype=torch.bool), self.pb, force_even=True)
+        self.val_nids = dgl.distributed.node_split(g.ndata["val_mask"], self.pb, force_even=True)
+        self.test_nids = dgl.distributed.node_split(g.ndata["test_mask"], self.pb, force_even=True)
+        policy = g.get_node_partition_policy("_N")
+        self.outputs = [
+            dgl.distributed.DistTensor((n, d), torch.float32, name=f"degnn_eval_h{i}",
+                                       part_policy=policy, persistent=True)
+            for i, d in enumerate(out_dims)
+        ]
+
+    @torch.no_grad()
+    def _inference(self):
+        feat_bytes = self.g.ndata["feat"].shape[1] * 4
+        x = self.g.ndata["feat"]
+        self.model.eval()
+        sampler = MultiLayerFullNeighborSampler(1)
+        for i, out in enumerate(self.outputs):
+            loader = DistNodeDataLoader(self.g, self.all_nids, sampler, batch_size=self.batch_size,
+                                        shuffle=False, drop_last=False)
+            row_bytes = (feat_bytes if i == 0 else x.shape[1] * 4)
+            for input_nodes, output_nodes, blocks in loader:
+                self.ctx.counter.add("eval", remote_rows(self.pb, input_nodes) * row_bytes)
+                h = self.model.layer_forward(i, x[input_nodes], hops_from_blocks(blocks)[0])
+                out[output_nodes] = h
+            self.g.barrier()
+            x = out
+        self.model.train()
+        return x
+
+    def _score(self, logits, nids) -> float:
+        pred = logits[nids].argmax(1)
+        label = self.g.ndata["label"][nids].long()
+        gathered = [None] * self.ctx.world_size
+        dist.all_gather_object(gathered, (label, pred))
+        score = None
+        if self.ctx.is_rank0:
+            y_true = torch.cat([t for t, _ in gathered])
+            y_pred = torch.cat([p for _, p in gathered])
+            score = self.evaluate_fn(y_true, y_pred)
+        return score
+
+    def __call__(self) -> Tuple[float, float]:
+        logits = self._inference()
+        val, test = self._score(logits, self.val_nids), self._score(logits, self.test_nids)
+        box = [val, test]
+        dist.broadcast_object_list(box, src=0)
+        return box[0], box[1]

@@ -1,0 +1,1 @@
+"""Per-process runtime: role dispatch, DGL + torch.distributed initialisation (entry.py)."""

@@ -1,0 +1,28 @@
+"""What a trainer process knows about its run: config, identity, run directory, graph, counters."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from degnn.metrics import ByteCounter
+
+
+@dataclass
+class RunContext:
+    cfg: DictConfig
+    run_dir: Path
+    rank: int
+    world_size: int
+    local_rank: int
+    machines: int
+    part_config: Path
+    graph: object  # dgl.distributed.DistGraph
+    log: logging.Logger
+    counter: ByteCounter = field(default_factory=ByteCounter)
+
+    @property
+    def is_rank0(self) -> bool:
+        return self.rank == 0

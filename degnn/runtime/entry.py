@@ -1,0 +1,158 @@
+"""The per-process entry: every process of a run (graph servers and trainers) runs this.
+
+DGL's contract (DESIGN.md, "Processes"): all processes run the same command line; the role comes
+from the environment. Servers register degnn's RPC services and serve their partition (never
+returning); trainers initialise DGL, then torch.distributed (gloo), then run the pipeline.
+
+The config is composed with Hydra's compose API rather than `@hydra.main`, because a server or a
+non-zero rank must not create its own output folder or job log: the launcher (a real Hydra app)
+picks one run directory and passes it as `hydra.run.dir`.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import logging
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import List
+
+from degnn.config import CONF_DIR, register_configs
+from degnn.runtime.compat import strip_local_rank
+
+log = logging.getLogger("degnn")
+
+
+class EntryError(RuntimeError):
+    """A problem with how the process was started; the message says how to fix it."""
+
+
+def compose_config(overrides: List[str]):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    register_configs()
+    with initialize_config_dir(CONF_DIR, version_base="1.3", job_name="degnn"):
+        cfg = compose("config", overrides=[o for o in overrides if not o.startswith("hydra.")])
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def run_dir_from(overrides: List[str]) -> Path:
+    for o in overrides:
+        if o.startswith("hydra.run.dir="):
+            return Path(o.split("=", 1)[1]).resolve()
+    # Started without our launcher (e.g. by DGL's launch.py with no hydra.run.dir): derive one
+    # directory that every process of this cluster computes alike.
+    key = "|".join(os.environ.get(k, "") for k in ("DGL_CONF_PATH", "DGL_IP_CONFIG"))
+    ip_config = os.environ.get("DGL_IP_CONFIG")
+    if ip_config and os.path.exists(ip_config):
+        key += f"|{os.path.getmtime(ip_config)}"
+    return Path("runs", "dgl-launch-" + hashlib.sha1(key.encode()).hexdigest()[:10]).resolve()
+
+
+def setup_logging(run_dir: Path, name: str, to_console: bool) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter(f"%(asctime)s {name} %(levelname)s %(message)s", "%H:%M:%S")
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    if os.environ.get("DEGNN_LAUNCHED") or to_console:
+        # our launcher already writes this process's stdout/stderr to <run_dir>/<name>.log
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(fmt)
+        root.addHandler(h)
+    if not os.environ.get("DEGNN_LAUNCHED"):
+        fh = logging.FileHandler(run_dir / f"{name}.log")
+        fh.setFormatter(fmt)
+        root.addHandler(fh)
+
+
+def require_env(*names: str) -> None:
+    missing = [n for n in names if not os.environ.get(n)]
+    if missing:
+        raise EntryError(
+            f"environment variable(s) {', '.join(missing)} not set: start degnn.train through "
+            f"`python -m degnn.launch` or DGL's tools/launch.py, not directly"
+        )
+    for n in ("DGL_CONF_PATH", "DGL_IP_CONFIG"):
+        if n in names and not os.path.exists(os.environ[n]):
+            raise EntryError(f"{n}={os.environ[n]} does not exist on this machine: copy it there or fix the path")
+
+
+def run_server(cfg, run_dir: Path) -> None:
+    import dgl
+
+    require_env("DGL_SERVER_ID", "DGL_NUM_SERVER", "DGL_NUM_CLIENT", "DGL_CONF_PATH", "DGL_IP_CONFIG")
+    setup_logging(run_dir, f"server{os.environ['DGL_SERVER_ID']}", to_console=False)
+    from degnn.runtime import services
+
+    services.register_all()
+    log.info("serving %s as server %s", os.environ["DGL_CONF_PATH"], os.environ["DGL_SERVER_ID"])
+    dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])  # never returns in a server
+
+
+def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
+    import dgl
+    import torch
+    import torch.distributed as dist
+
+    from degnn.metrics import result_line
+    from degnn.pipelines import get_pipeline
+    from degnn.runtime import services
+    from degnn.runtime.context import RunContext
+    from degnn.runtime.partition_info import read_partition_json
+
+    require_env("DGL_CONF_PATH", "DGL_IP_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = local_rank_arg if local_rank_arg is not None else int(os.environ.get("LOCAL_RANK", 0))
+    setup_logging(run_dir, f"rank{rank}", to_console=rank == 0)
+    part_config = Path(os.environ["DGL_CONF_PATH"])
+    meta = read_partition_json(part_config)
+    machines = meta["num_parts"]
+
+    services.register_all()
+    t0 = time.time()
+    dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
+    torch.manual_seed(cfg.train.seed + rank)
+    graph = dgl.distributed.DistGraph(meta["graph_name"], part_config=str(part_config))
+    log.info("rank %d/%d (local %d) up in %.1fs; graph %s: %d nodes, %d edges, %d machines",
+             rank, world, local_rank, time.time() - t0, meta["graph_name"], graph.num_nodes(),
+             graph.num_edges(), machines)
+    ctx = RunContext(cfg=cfg, run_dir=run_dir, rank=rank, world_size=world, local_rank=local_rank,
+                     machines=machines, part_config=part_config, graph=graph, log=log)
+    pipeline = get_pipeline(cfg.pipeline.name)(ctx)
+    summary = pipeline.run()
+    if rank == 0:
+        print(result_line(summary), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0 if summary.get("status") == "ok" else 1
+
+
+def main(argv: List[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides, local_rank = strip_local_rank(argv)
+    role = os.environ.get("DGL_ROLE", "client")
+    try:
+        cfg = compose_config(overrides)
+        run_dir = run_dir_from(overrides)
+        if role == "server":
+            run_server(cfg, run_dir)
+            return 0
+        return run_trainer(cfg, run_dir, local_rank)
+    except EntryError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception:  # noqa: BLE001
+        # DGL's atexit handler would wait for the other clients forever: log and leave now, and
+        # let the launcher stop the rest of the cluster.
+        traceback.print_exc()
+        print(f"error: {role} process failed (traceback above)", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
