@@ -58,4 +58,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    # name the job (Hydra would call it "__main__": <run dir>/__main__.log)
+    if not any(a.startswith("hydra.job.name=") for a in sys.argv[1:]):
+        sys.argv.append("hydra.job.name=launch")
     main()

@@ -107,7 +107,9 @@ def absolute_overrides(task_overrides: Sequence[str], run_dir: str, dataset_root
     form (processes may start in another directory, e.g. over ssh)."""
     pinned = {"hydra.run.dir": run_dir, "dataset.root": dataset_root,
               "partition.root": partition_root}
-    out = [o for o in task_overrides if o.split("=", 1)[0].lstrip("+~") not in pinned]
+    # the launcher's own switch; without it a dry run prints exactly what a real run starts
+    dropped = {*pinned, "cluster.dry_run"}
+    out = [o for o in task_overrides if o.split("=", 1)[0].lstrip("+~") not in dropped]
     out += [f"{k}={os.path.abspath(v)}" for k, v in pinned.items()]
     return out
 
