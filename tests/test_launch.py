@@ -279,3 +279,46 @@ def test_local_trainer_fault_stops_everything(parts, tmp_path):
     assert str(run_dir / "rank1.log") in err
     assert took < 20
     assert not fake_entry.processes_mentioning(str(run_dir))
+
+
+# ---- the Hydra entry: python -m degnn.launch ----------------------------------------------------
+def _partitioners_reason():
+    try:
+        from partitioners import ensure_partitions  # noqa: F401
+    except Exception as e:
+        return f"partitioners.ensure_partitions not available: {e}"
+    return None
+
+
+needs_partitioners = pytest.mark.skipif(_partitioners_reason() is not None,
+                                        reason=str(_partitioners_reason()))
+
+
+@needs_partitioners
+def test_cli_multirun_runs_one_cluster_per_job(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = subprocess.run([PY, "-m", "degnn.launch", "-m", "train.seed=0,1", "cluster=local",
+                        f"cluster.port={free_port()}", "dataset=synthetic-tiny",
+                        "partition=random", f"hydra.sweep.dir={sweep}"], cwd=REPO,
+                       env={**os.environ, "DEGNN_ENTRY": "tests.fake_entry"},
+                       capture_output=True, text=True, timeout=110)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("result: pipeline=fake") == 2
+    for job, seed in (("0", "0"), ("1", "1")):
+        rank0 = json.loads((sweep / job / "fake_rank0.json").read_text())
+        assert rank0["env"]["DGL_IP_CONFIG"] == str(sweep / job / "ip_config.txt")
+        assert (sweep / job / "summary.json").is_file() and (sweep / job / "launch.log").exists()
+        argv = (sweep / job / "rank0.log").read_text()
+        assert f"'train.seed={seed}'" in argv and f"'hydra.run.dir={sweep / job}'" in argv
+        assert "'-m'" not in argv and "'--multirun'" not in argv  # processes never sweep
+
+
+@needs_partitioners
+def test_cli_partitioner_error_is_one_line(tmp_path):
+    r = subprocess.run([PY, "-m", "degnn.launch", "dataset=ogbn-products",
+                        f"dataset.root={tmp_path / 'empty'}", f"partition.root={tmp_path / 'p'}",
+                        f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("degnn.launch: error:"), r.stderr
