@@ -1,0 +1,136 @@
+"""The per-process entry, started exactly the way DGL's tools/launch.py starts it (no ssh).
+
+One machine (127.0.0.1), one graph server, two trainers: DGL_* variables as launch.py sets them,
+trainers wrapped by `torch.distributed.launch` (DGL 1.1.x: appends --local-rank=N) or by
+`torch.distributed.run` (DGL 2.x: LOCAL_RANK in the environment).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from degnn.runtime.compat import strip_local_rank
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("argv,expected,rank", [
+    (["--local-rank=1", "train.epochs=2"], ["train.epochs=2"], 1),
+    (["train.epochs=2", "--local_rank=3"], ["train.epochs=2"], 3),
+    (["--local-rank", "2", "a=b"], ["a=b"], 2),
+    (["a=b", "model.layers=3"], ["a=b", "model.layers=3"], None),
+])
+def test_strip_local_rank(argv, expected, rank):
+    assert strip_local_rank(argv) == (expected, rank)
+
+
+@pytest.fixture(scope="module")
+def tiny_partition(tmp_path_factory):
+    """A one-part partition of a small learnable graph, in DGL's format."""
+    import dgl
+    import torch
+
+    torch.manual_seed(0)
+    n, classes = 600, 4
+    label = torch.randint(0, classes, (n,))
+    src = torch.randint(0, n, (4000,))
+    # mostly same-class edges, so the graph carries signal
+    same = torch.nonzero(label.unsqueeze(0) == label.unsqueeze(1))
+    pick = same[torch.randint(0, len(same), (3000,))]
+    g = dgl.to_bidirected(dgl.graph((torch.cat([src, pick[:, 0]]), torch.cat([torch.randint(0, n, (4000,)), pick[:, 1]])), num_nodes=n))
+    g.ndata["label"] = label
+    g.ndata["feat"] = torch.nn.functional.one_hot(label, classes).float() + 1.5 * torch.randn(n, classes)
+    perm = torch.randperm(n)
+    for name, (a, b) in {"train_mask": (0, 360), "val_mask": (360, 480), "test_mask": (480, 600)}.items():
+        m = torch.zeros(n, dtype=torch.bool)
+        m[perm[a:b]] = True
+        g.ndata[name] = m
+    out = tmp_path_factory.mktemp("part")
+    dgl.distributed.partition_graph(g, "tinyg", 1, str(out), part_method="random")
+    return out / "tinyg.json"
+
+
+def launch_like_dgl(tmp_path, part_json, wrapper: str, trainers: int = 2, extra=()):
+    """Start 1 server + `trainers` trainers with launch.py's environment and argument shapes."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    ip_config = tmp_path / "ip_config.txt"
+    ip_config.write_text(f"127.0.0.1 {free_port()}\n")
+    run_dir = tmp_path / "run"
+    user_cmd = ["-m", "degnn.train", f"hydra.run.dir={run_dir}", "train.epochs=2", "train.batch_size=32", "train.lr=0.02",
+                "model.hidden=16", "model.fanouts=[5,5]", "dataset.name=tinyg", *extra]
+    common = {
+        **os.environ, "DGL_NUM_SAMPLER": "0", "DGL_NUM_CLIENT": str(trainers), "DGL_CONF_PATH": str(part_json),
+        "DGL_IP_CONFIG": str(ip_config), "DGL_NUM_SERVER": "1", "DGL_GRAPH_FORMAT": "csc",
+        "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+    }
+    server = subprocess.Popen([sys.executable, *user_cmd], cwd=REPO,
+                              env={**common, "DGL_ROLE": "server", "DGL_SERVER_ID": "0"},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = [sys.executable, "-m", wrapper, f"--nproc_per_node={trainers}", "--nnodes=1", "--node_rank=0",
+                "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
+    try:
+        trainer = subprocess.run([*launcher, *user_cmd], cwd=REPO, timeout=240, text=True,
+                                 env={**common, "DGL_DIST_MODE": "distributed", "DGL_ROLE": "client",
+                                      "DGL_GROUP_ID": "0"},
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        server_out, _ = server.communicate(timeout=60)
+    finally:
+        server.kill()
+    return trainer, server, server_out, run_dir
+
+
+@pytest.mark.parametrize("wrapper", ["torch.distributed.launch", "torch.distributed.run"])
+def test_started_like_dgl_launch_py(tmp_path, tiny_partition, wrapper):
+    trainer, server, server_out, run_dir = launch_like_dgl(tmp_path, tiny_partition, wrapper)
+    assert trainer.returncode == 0, trainer.stdout[-4000:]
+    assert server.returncode == 0, server_out[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "ok"
+    assert summary["trainers"] == 2 and summary["epochs"] == 2
+    assert summary["batches"] > 0 and summary["allreduce_bytes_per_batch"] > 0
+    # the graph carries the labels: better than chance (0.25) after two epochs
+    assert summary["best_val"] > 0.4
+    curve = [json.loads(line) for line in (run_dir / "curve.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in curve] == [1, 2]
+    assert "result: distdgl" in trainer.stdout
+    # every process logged into the one run directory
+    assert {"rank0.log", "rank1.log", "server0.log"} <= {p.name for p in run_dir.iterdir()}
+
+
+def test_resume_continues_epochs(tmp_path, tiny_partition):
+    first, *_ , run1 = launch_like_dgl(tmp_path / "a", tiny_partition, "torch.distributed.run")
+    assert first.returncode == 0, first.stdout[-4000:]
+    second, *_, run2 = launch_like_dgl(tmp_path / "b", tiny_partition, "torch.distributed.run",
+                                       extra=["train.epochs=4", f"resume={run1}"])
+    assert second.returncode == 0, second.stdout[-4000:]
+    c1 = [json.loads(line) for line in (run1 / "curve.jsonl").read_text().splitlines()]
+    c2 = [json.loads(line) for line in (run2 / "curve.jsonl").read_text().splitlines()]
+    # no epoch repeated or lost, and the finished epochs are carried over unchanged
+    assert [r["epoch"] for r in c2] == [1, 2, 3, 4]
+    assert c2[:2] == c1
+    # training time keeps adding up from where the first run stopped
+    assert c2[2]["train_time_s"] > c1[1]["train_time_s"]
+    # the loss continues from the restored model instead of starting over
+    assert c2[2]["loss"] < c1[0]["loss"]
+    summary = json.loads((run2 / "summary.json").read_text())
+    assert summary["epochs"] == 4
+
+
+def test_entry_without_launcher_says_how_to_start(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DGL_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    p = subprocess.run([sys.executable, "-m", "degnn.train", f"hydra.run.dir={tmp_path}"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "degnn.launch" in p.stderr and p.stderr.strip().count("\n") == 0
