@@ -137,7 +137,36 @@ class PartitionJob:
     force: bool = False
 
 
+@dataclass
+class SuiteConfig:
+    """One benchmark suite: a Hydra multirun of one module, every job in its own run directory."""
+
+    name: str = MISSING
+    # degnn.launch (one cluster per job) or benchmarks.single_process (the accuracy reference)
+    module: str = "degnn.launch"
+    # multirun overrides, e.g. ["dataset=wordnet,synthetic-arxiv", "cluster=netns"]
+    overrides: List[str] = field(default_factory=list)
+
+
+@dataclass
+class BenchConfig:
+    name: str = MISSING
+    suites: List[SuiteConfig] = field(default_factory=list)
+
+
+@dataclass
+class BenchJob:
+    """Config of `python -m benchmarks` (make bench)."""
+
+    bench: BenchConfig = MISSING
+    # results folder; default benchmarks/results/<timestamp>
+    out: Optional[str] = None
+    # only write the report from an existing results folder (`out=`), run nothing
+    report_only: bool = False
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     cs.store(name="partition_schema", node=PartitionJob)
+    cs.store(name="bench_schema", node=BenchJob)

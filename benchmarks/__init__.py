@@ -1,0 +1,1 @@
+"""degnn benchmarks: `make bench` (python -m benchmarks) and the partition benchmark."""

@@ -1,0 +1,171 @@
+"""The benchmark report: every run's summary.json under a results folder -> report.md + PNG plots.
+
+`python -m benchmarks.report <results folder>` rewrites the report of an earlier `make bench`.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import matplotlib
+
+matplotlib.use("Agg")  # no screen on the benchmark machines
+import matplotlib.pyplot as plt  # noqa: E402
+
+from degnn.metrics import read_curve  # noqa: E402
+
+
+def collect(results: Path) -> List[dict]:
+    runs = []
+    for path in sorted(results.rglob("summary.json")):
+        s = json.loads(path.read_text())
+        s["_dir"] = path.parent
+        s["_curve"] = read_curve(path.parent)
+        runs.append(s)
+    for path in sorted(results.rglob("launch.log")):  # runs that died before writing a summary
+        if not (path.parent / "summary.json").exists():
+            runs.append({"_dir": path.parent, "status": "failed", "pipeline": "?", "dataset": "?", "_curve": []})
+    return runs
+
+
+def label(s: dict) -> str:
+    name = s.get("pipeline", "?")
+    if s.get("variant") not in (None, "default"):
+        name += f"/{s['variant']}"
+    return f"{name} {s.get('dataset')} L{s.get('layers')} M{s.get('machines')}"
+
+
+def fmt(v, spec: str = ".4f") -> str:
+    return "–" if v is None else format(v, spec)
+
+
+def kb(v) -> str:
+    return "–" if v is None else f"{v / 1024:,.1f}"
+
+
+def table(runs: List[dict]) -> List[str]:
+    lines = ["| pipeline | dataset | model | layers | machines | status | best val | test | epochs | "
+             "train time (s) | epoch time (s) | net KB/batch | app KB/batch | all-reduce KB/batch | "
+             "peak RSS trainer (MB) | run |",
+             "|" + "---|" * 16]
+    for s in runs:
+        lines.append("| " + " | ".join([
+            str(s.get("pipeline")), str(s.get("dataset")), str(s.get("model", "–")), str(s.get("layers", "–")),
+            str(s.get("machines", "–")), str(s.get("status")), fmt(s.get("best_val")), fmt(s.get("test")),
+            str(s.get("epochs", "–")), fmt(s.get("train_time_s"), ".1f"), fmt(s.get("epoch_time_s"), ".2f"),
+            kb(s.get("net_bytes_per_batch")), kb(s.get("app_bytes_per_batch")),
+            kb(s.get("allreduce_bytes_per_batch")), fmt(s.get("peak_rss_mb_trainer"), ".0f"),
+            f"`{s['_dir'].name}`" if "_dir" in s else "",
+        ]) + " |")
+    return lines
+
+
+def comparisons(runs: List[dict]) -> List[str]:
+    """The quality bars: accuracy against the single-process reference, bytes 2 -> 3 layers."""
+    ok = [s for s in runs if s.get("status") == "ok"]
+    by_key: Dict[tuple, dict] = {(s["pipeline"], s["dataset"], s.get("layers")): s for s in ok}
+    out = []
+    acc_rows = []
+    for (pipe, ds, layers), s in sorted(by_key.items(), key=lambda kv: str(kv[0])):
+        ref = by_key.get(("single", ds, layers))
+        if pipe == "single" or ref is None:
+            continue
+        diff = (s["test"] - ref["test"]) * 100
+        acc_rows.append(f"| {pipe} | {ds} | {layers} | {fmt(s['test'])} | {fmt(ref['test'])} | {diff:+.2f} | "
+                        f"{s['epochs']} / {ref['epochs']} | {fmt(s['train_time_s'], '.0f')} / "
+                        f"{fmt(ref['train_time_s'], '.0f')} |")
+    if acc_rows:
+        out += ["## Accuracy against one process on the whole graph", "",
+                "Both trained until validation stopped improving; test at the best validation point, "
+                "full-neighbour inference.", "",
+                "| pipeline | dataset | layers | test | single-process test | difference (points) | "
+                "epochs (dist / single) | train time s (dist / single) |", "|---|---|---|---|---|---|---|---|",
+                *acc_rows, ""]
+    growth = []
+    for (pipe, ds, layers), s in sorted(by_key.items(), key=lambda kv: str(kv[0])):
+        deeper = by_key.get((pipe, ds, (layers or 0) + 1))
+        if pipe == "single" or deeper is None:
+            continue
+        for key in ("net_bytes_per_batch", "app_bytes_per_batch"):
+            a, b = s.get(key), deeper.get(key)
+            if a and b:
+                growth.append(f"| {pipe} | {ds} | {key} | {layers} -> {layers + 1} | {kb(a)} | {kb(b)} | "
+                              f"{b / a:.2f}x |")
+    if growth:
+        out += ["## Bytes per batch as layers grow", "",
+                "| pipeline | dataset | counter | layers | KB/batch before | KB/batch after | ratio |",
+                "|---|---|---|---|---|---|---|", *growth, ""]
+    return out
+
+
+def plot_curves(runs: List[dict], path: Path) -> Optional[Path]:
+    groups = defaultdict(list)
+    for s in runs:
+        if s["_curve"]:
+            groups[s.get("dataset")].append(s)
+    if not groups:
+        return None
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4), squeeze=False)
+    for ax, (ds, group) in zip(axes[0], sorted(groups.items())):
+        for s in group:
+            pts = [(r["train_time_s"], r["val"]) for r in s["_curve"] if "val" in r]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", markersize=3, label=label(s))
+        ax.set_title(ds)
+        ax.set_xlabel("training wall time (s)")
+        ax.set_ylabel(f"validation {group[0].get('metric', 'acc')}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_bytes(runs: List[dict], path: Path) -> Optional[Path]:
+    rows = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") != "single"]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
+    xs = range(len(rows))
+    width = 0.4
+    net = [(s.get("net_bytes_per_batch") or 0) / 1024 for s in rows]
+    app = [(s.get("app_bytes_per_batch") or 0) / 1024 for s in rows]
+    ax.bar([x - width / 2 for x in xs], net, width, label="on the wire (veth)")
+    ax.bar([x + width / 2 for x in xs], app, width, label="application counters")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([label(s) for s in rows], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("KB per batch (per trainer)")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(results: Path, title: str = "degnn benchmark") -> Path:
+    results = Path(results)
+    runs = collect(results)
+    lines = [f"# {title}", "", f"Results folder: `{results}`; {len(runs)} runs.", "",
+             "Bytes per batch are per trainer and training step: on the wire = bytes the machines' "
+             "network interfaces sent during training (netns veth counters), application = what degnn "
+             "counted (sampling RPCs and feature pulls that cross machines, gradient all-reduce).", ""]
+    lines += table(runs) + [""]
+    lines += comparisons(runs)
+    curves = plot_curves(runs, results / "curves.png")
+    bytes_png = plot_bytes(runs, results / "bytes_per_batch.png")
+    if curves:
+        lines += ["## Validation metric against training time", "", f"![curves]({curves.name})", ""]
+    if bytes_png:
+        lines += ["## Bytes per batch", "", f"![bytes]({bytes_png.name})", ""]
+    report = results / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    return report
+
+
+if __name__ == "__main__":
+    print(write_report(Path(sys.argv[1])))
