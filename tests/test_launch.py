@@ -322,3 +322,28 @@ def test_cli_partitioner_error_is_one_line(tmp_path):
     assert r.returncode != 0
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("degnn.launch: error:"), r.stderr
+
+
+def test_killed_launcher_takes_its_processes_along(parts, tmp_path):
+    run_dir = tmp_path / "run"
+    p = subprocess.Popen([PY, "-c", fake_entry.RUNNER, str(run_dir), parts[1], "cluster=local",
+                          f"cluster.port={free_port()}", "cluster.trainers_per_machine=2"],
+                         cwd=REPO, env={**os.environ, "FAKE_FAIL_RANK": "99"},  # all hang
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not (run_dir / "fake_rank1.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert fake_entry.processes_mentioning(str(run_dir))
+    p.kill()  # SIGKILL: no handler, no finally; the kernel's parent-death signal does it
+    p.wait()
+    deadline = time.monotonic() + 5
+    while fake_entry.processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not fake_entry.processes_mentioning(str(run_dir))
+
+
+def test_netns_without_permission_is_one_line(monkeypatch):
+    from degnn.launch import NetnsCluster
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    msg = one_line_error(lambda: NetnsCluster(2).__enter__())
+    assert "root" in msg and "cluster=local" in msg

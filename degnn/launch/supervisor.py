@@ -75,6 +75,16 @@ def _tail(path: str, n: int = 3) -> List[str]:
     return [l for l in text.splitlines() if l.strip()][-n:]
 
 
+def _die_with_parent() -> None:
+    # runs in the child between fork and exec: if the launcher is SIGKILLed (no handler runs),
+    # the kernel kills its processes too. Kept across exec for non-setuid programs (nsenter, ssh).
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except Exception:
+        pass
+
+
 def _copy(src: IO[bytes], log: IO[bytes], console: IO[bytes]) -> None:
     fd = src.fileno()
     while True:
@@ -120,12 +130,12 @@ class Supervisor:
         popen = subprocess.Popen(
             self.command(proc), env=child_env(proc.env), cwd=self.cwd,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if tee else log,
-            stderr=subprocess.STDOUT, start_new_session=True)
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
         r = Running(proc, popen, log)
         if tee:
+            # started by run() once every process is forked (no fork while a thread runs)
             r.tee = threading.Thread(target=_copy, args=(popen.stdout, log, self.console),
                                      daemon=True)
-            r.tee.start()
         return r
 
     # ---- stopping ---------------------------------------------------------------------------
@@ -156,7 +166,7 @@ class Supervisor:
                 os.killpg(r.popen.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-            if r.tee is not None:
+            if r.tee is not None and r.tee.is_alive():
                 r.tee.join(timeout=5)
             r.log.close()
 
@@ -178,6 +188,9 @@ class Supervisor:
             # servers first, as launch.py does; DGL clients retry their connection anyway
             for proc in self.plan.servers() + self.plan.trainers():
                 self.running.append(self._start(proc))
+            for r in self.running:
+                if r.tee is not None:
+                    r.tee.start()
             out.started_s = time.monotonic() - t0
             out.pids = {r.proc.name: r.popen.pid for r in self.running}
             out = self._watch(out)
@@ -199,10 +212,18 @@ class Supervisor:
         trainers = [r for r in self.running if r.proc.role == "trainer"]
         servers = [r for r in self.running if r.proc.role == "server"]
         done_at: Optional[float] = None
+        warned = set()
         while True:
             for r in self.running:
                 rc = r.rc
                 if rc is not None and rc != 0:
+                    if done_at is not None and r.proc.role == "server":
+                        # training is complete; a server failing on its way out loses nothing
+                        if r.proc.name not in warned:
+                            warned.add(r.proc.name)
+                            self.say(f"{r.proc.describe()} {describe_rc(rc)} after the trainers "
+                                     f"finished; log: {r.proc.log}")
+                        continue
                     return self._fault(out, r, rc)
             if done_at is None and all(r.rc == 0 for r in trainers):
                 done_at = time.monotonic()
