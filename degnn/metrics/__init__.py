@@ -44,10 +44,10 @@ def ring_allreduce_bytes(payload_bytes: int, world_size: int) -> int:
 
 
 class WireCounter:
-    """Bytes this machine sent on its network interface (netns veth), read from sysfs.
+    """Bytes this machine sent on the interface its cluster traffic uses, read from sysfs.
 
-    Only meaningful when the launcher gave the machine its own interface (cluster=netns);
-    `read()` returns None elsewhere.
+    That interface is the one named by GLOO_SOCKET_IFNAME (on netns machines: the machine's own
+    veth, so the count is exact); `read()` returns None where it is not set.
     """
 
     def __init__(self, iface: Optional[str]):
@@ -62,9 +62,7 @@ class WireCounter:
 
     @classmethod
     def from_env(cls) -> "WireCounter":
-        # only on netns machines is GLOO_SOCKET_IFNAME this machine's own veth
-        iface = os.environ.get("GLOO_SOCKET_IFNAME") if os.environ.get("DEGNN_NETNS") else None
-        return cls(iface)
+        return cls(os.environ.get("GLOO_SOCKET_IFNAME"))
 
 
 def append_curve(run_dir: Path, record: dict) -> None:

@@ -189,7 +189,9 @@ class Pipeline:
         for d in by_cat:
             for k, v in d.items():
                 cats[k] = cats.get(k, 0) + v
-        on_netns = self.wire.path is not None or bool(os.environ.get("DEGNN_NETNS"))
+        has_wire = torch.tensor([1 if self.wire.path is not None else 0])
+        dist.all_reduce(has_wire)
+        on_netns = bool(has_wire.item())
         times = state["epoch_times"]
         summary = {
             "pipeline": cfg.pipeline.name, "variant": cfg.pipeline.variant,
