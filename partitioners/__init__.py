@@ -1,0 +1,26 @@
+"""Graph partitioners: random, metis, supernode -> DGL's distributed partition format + stats.
+
+Public API:
+    partition_graph(graph, method, num_parts, out, graph_name, seed=0, num_supernodes=15000,
+                    balance_edges=True, force=False) -> Path      # the partition JSON
+    ensure_partitions(dataset_cfg, partition_cfg) -> Path          # cached; the partition JSON
+    compute_assignment(graph, method, num_parts, ...) -> np.ndarray
+    partition_stats(graph, part, num_parts) -> dict
+CLI: ``python -m partitioners dataset=<name> partition=<method> partition.num_parts=K out=<dir>``.
+"""
+from .assign import METHODS, PartitionError, compute_assignment, effective_num_supernodes
+from .api import cache_dir, ensure_partitions, is_complete, partition_graph
+from .stats import format_table, partition_stats
+
+__all__ = [
+    "METHODS",
+    "PartitionError",
+    "cache_dir",
+    "compute_assignment",
+    "effective_num_supernodes",
+    "ensure_partitions",
+    "format_table",
+    "is_complete",
+    "partition_graph",
+    "partition_stats",
+]

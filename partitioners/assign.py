@@ -1,0 +1,121 @@
+"""Node-to-part assignments: the only thing that differs between the three methods.
+
+Every method returns an int64 numpy vector ``part[i]`` (the part of original node ``i``); the
+same writer (`partitioners.writer`) then turns any assignment into DGL's partition format.
+
+* ``random``: every node draws its part uniformly and independently (numpy ``default_rng(seed)``),
+  as DistDGL's ``part_method="random"`` and RandomTMA's "random-nodes" do.
+* ``metis``: K-way METIS through ``dgl.metis_partition_assignment`` with the training nodes
+  balanced (``balance_ntypes=train_mask``, as DistDGL's examples pass it) and, when
+  ``balance_edges``, in-degrees balanced too. METIS itself is deterministic: the seed is unused.
+* ``supernode``: METIS into C small clusters ("super-nodes"), cluster ids shuffled with
+  ``default_rng(seed)`` and dealt in K contiguous groups of floor/ceil(C/K) clusters
+  (SuperTMA's "uniform-cluster", tma.md §3.1). C follows `effective_num_supernodes`.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+METHODS = ("random", "metis", "supernode")
+
+# a super-node holds at least this many nodes on average (see effective_num_supernodes)
+MIN_SUPERNODE_SIZE = 20
+
+
+class PartitionError(RuntimeError):
+    """Bad partitioning input; the message names the problem and the fix (one line)."""
+
+
+def effective_num_supernodes(num_nodes: int, num_parts: int, num_supernodes: int) -> int:
+    """The number of METIS clusters the supernode method really cuts.
+
+    ``min(num_supernodes, max(num_parts, num_nodes // 20))``: the configured count (15000, the
+    SuperTMA paper's) on large graphs; on small graphs clusters of about 20 nodes at least, so
+    METIS is not asked for near-singleton parts; and never fewer clusters than parts.
+    """
+    return int(min(num_supernodes, max(num_parts, num_nodes // MIN_SUPERNODE_SIZE)))
+
+
+def _structure(g):
+    """A feature-free int64 homogeneous copy of g's structure (what METIS needs)."""
+    import dgl
+    import torch
+
+    src, dst = g.edges()
+    sg = dgl.graph((src.long(), dst.long()), num_nodes=g.num_nodes(), idtype=torch.int64)
+    return sg
+
+
+def _metis(g, k: int, balance_ntypes, balance_edges: bool) -> np.ndarray:
+    import dgl
+
+    n = g.num_nodes()
+    if k == 1:
+        return np.zeros(n, dtype=np.int64)
+    parts = dgl.metis_partition_assignment(
+        _structure(g), k, balance_ntypes=balance_ntypes, balance_edges=balance_edges
+    )
+    if parts is None:
+        raise PartitionError(f"METIS failed to cut the graph into {k} parts; try fewer parts")
+    return parts.numpy().astype(np.int64)
+
+
+def train_balance_types(g):
+    """`balance_ntypes` for METIS: 1 for training nodes, 0 otherwise (None without train_mask)."""
+    if "train_mask" not in g.ndata:
+        return None
+    t = g.ndata["train_mask"].reshape(-1).long()
+    if int(t.min()) == int(t.max()):  # a single type balances nothing
+        return None
+    return t
+
+
+def random_assignment(num_nodes: int, num_parts: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, num_parts, size=num_nodes, dtype=np.int64)
+
+
+def metis_assignment(g, num_parts: int, balance_edges: bool = True) -> np.ndarray:
+    return _metis(g, num_parts, train_balance_types(g), balance_edges)
+
+
+def deal_clusters(clusters: np.ndarray, num_clusters: int, num_parts: int, seed: int) -> np.ndarray:
+    """Shuffle cluster ids and deal them to parts in contiguous groups of (nearly) equal count."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(num_clusters)
+    cluster_part = np.empty(num_clusters, dtype=np.int64)
+    # the i-th cluster of the shuffled order goes to part floor(i * K / C): group sizes differ by <= 1
+    cluster_part[order] = (np.arange(num_clusters, dtype=np.int64) * num_parts) // num_clusters
+    return cluster_part[clusters]
+
+
+def supernode_assignment(
+    g, num_parts: int, seed: int, num_supernodes: int = 15000, balance_edges: bool = False
+) -> np.ndarray:
+    c = effective_num_supernodes(g.num_nodes(), num_parts, num_supernodes)
+    clusters = _metis(g, c, None, balance_edges)
+    # METIS may leave some of the requested clusters empty; deal only the ids it used
+    used, clusters = np.unique(clusters, return_inverse=True)
+    return deal_clusters(clusters.astype(np.int64), len(used), num_parts, seed)
+
+
+def compute_assignment(
+    g,
+    method: str,
+    num_parts: int,
+    seed: int = 0,
+    num_supernodes: int = 15000,
+    balance_edges: bool = True,
+) -> np.ndarray:
+    """The part of every node of g under `method` (one of METHODS)."""
+    if method == "random":
+        return random_assignment(g.num_nodes(), num_parts, seed)
+    if method == "metis":
+        return metis_assignment(g, num_parts, balance_edges)
+    if method == "supernode":
+        return supernode_assignment(g, num_parts, seed, num_supernodes, balance_edges)
+    raise PartitionError(
+        f"unknown partition method '{method}'; use one of {', '.join(METHODS)}"
+    )

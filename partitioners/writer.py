@@ -1,0 +1,164 @@
+"""Write any node assignment of a homogeneous DGL graph in DGL's distributed partition format.
+
+The output is what ``dgl.distributed.partition_graph(g, graph_name, K, out, num_hops=1)`` writes
+for a homogeneous graph (DGL 1.1.3 layout and field names), so ``load_partition``,
+``load_partition_book``, ``DistGraphServer`` and ``DistGraph`` read it unchanged:
+
+    <out>/<graph_name>.json          graph_name, num_nodes, num_edges, part_method, num_parts,
+                                     halo_hops, node_map {ntype: [[start, end) per part]},
+                                     edge_map {"src:etype:dst": [[start, end) per part]},
+                                     ntypes, etypes, part-<i>: {node_feats, edge_feats, part_graph}
+                                     (+ "degnn": our own metadata, ignored by DGL)
+    <out>/part<i>/graph.dgl          the part with its 1-hop HALO nodes; ndata _ID (new global id),
+                                     inner_node, part_id, _TYPE; edata _ID, inner_edge, _TYPE
+    <out>/part<i>/node_feat.dgl      every ndata field of the input, rows of the part's own nodes,
+                                     keyed "<ntype>/<name>" (e.g. "_N/feat")
+    <out>/part<i>/edge_feat.dgl      every edata field, keyed "<src>:<etype>:<dst>/<name>"
+    <out>/orig_nids.pt, orig_eids.pt new (shuffled) id -> original id (partition_graph's return_mapping)
+
+Node and edge ids are reshuffled (``dgl.partition_graph_with_halo(..., reshuffle=True)``) so part
+i owns the contiguous new-id range node_map[i] (DGL's RangePartitionBook needs that); an edge
+belongs to the part of its destination.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Dict, Optional
+
+import numpy as np
+
+from .assign import PartitionError
+
+
+def _reserved_dtypes():
+    """The dtypes DGL stores its reserved fields in (dgl.distributed.partition.RESERVED_FIELD_DTYPE)."""
+    import torch
+
+    try:
+        from dgl.distributed.partition import RESERVED_FIELD_DTYPE
+
+        return RESERVED_FIELD_DTYPE
+    except ImportError:  # pragma: no cover
+        return {"inner_node": torch.uint8, "inner_edge": torch.uint8, "_ID": torch.int64, "_TYPE": torch.int32}
+
+
+def _etype_str(etype) -> str:
+    return ":".join(etype)
+
+
+def write_partitions(
+    g,
+    part: np.ndarray,
+    num_parts: int,
+    out: Path,
+    graph_name: str,
+    part_method: str,
+    extra_meta: Optional[Dict[str, object]] = None,
+) -> Dict[str, object]:
+    """Write g cut by `part` into `out` (created). Returns {"json": path, "halo": [...]}."""
+    import dgl
+    import torch
+    from dgl.data.utils import save_graphs, save_tensors
+
+    if not g.is_homogeneous:
+        raise PartitionError(
+            f"graph has node types {g.ntypes} and edge types {g.etypes}; the partitioners take a "
+            "homogeneous graph (convert with dgl.to_homogeneous)"
+        )
+    n, m = g.num_nodes(), g.num_edges()
+    part_t = torch.from_numpy(np.ascontiguousarray(part, dtype=np.int64))
+    counts = torch.bincount(part_t, minlength=num_parts)
+    if len(counts) > num_parts or int(counts.min()) == 0:
+        empty = [i for i in range(num_parts) if i >= len(counts) or int(counts[i]) == 0]
+        raise PartitionError(
+            f"part(s) {empty} of {num_parts} got no nodes ({n} nodes in the graph); use fewer parts"
+        )
+    ntype = g.ntypes[0]
+    etype = g.canonical_etypes[0]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    # structure only (no features) with _ID/_TYPE like partition_graph's to_homogeneous(g)
+    sim_g = dgl.to_homogeneous(g)
+    if sim_g.idtype != torch.int64:
+        sim_g = sim_g.long()
+    parts, orig_nids, orig_eids = dgl.partition_graph_with_halo(sim_g, part_t, 1, reshuffle=True)
+    del sim_g
+
+    node_bounds = [0] + torch.cumsum(counts, 0).tolist()
+    node_map = [[node_bounds[i], node_bounds[i + 1]] for i in range(num_parts)]
+    edge_map = []
+    halo = []
+    meta = {
+        "graph_name": graph_name,
+        "num_nodes": n,
+        "num_edges": m,
+        "part_method": part_method,
+        "num_parts": num_parts,
+        "halo_hops": 1,
+        "node_map": {ntype: node_map},
+        "edge_map": {_etype_str(etype): edge_map},
+        "ntypes": {ntype: 0},
+        "etypes": {_etype_str(etype): 0},
+    }
+    edge_start = 0
+    for i in range(num_parts):
+        p = parts[i]
+        inner = p.ndata["inner_node"].bool()
+        inner_nid = p.ndata[dgl.NID][inner]
+        # reshuffled ids: part i owns exactly node_map[i], in order
+        if len(inner_nid) != node_map[i][1] - node_map[i][0] or (
+            len(inner_nid) and (int(inner_nid[0]) != node_map[i][0] or int(inner_nid[-1]) != node_map[i][1] - 1)
+        ):
+            raise PartitionError(f"internal: part {i} does not own a contiguous node range")
+        inner_e = p.edata["inner_edge"].bool()
+        inner_eid = p.edata[dgl.EID][inner_e]
+        ne = len(inner_eid)
+        if ne and (int(inner_eid.min()) != edge_start or int(inner_eid.max()) != edge_start + ne - 1):
+            raise PartitionError(f"internal: part {i} does not own a contiguous edge range")
+        edge_map.append([edge_start, edge_start + ne])
+        edge_start += ne
+        halo.append(int(p.num_nodes() - int(inner.sum())))
+
+        local_nodes = p.ndata["orig_id"][inner]
+        local_edges = p.edata["orig_id"][inner_e]
+        node_feats = {
+            f"{ntype}/{k}": v[local_nodes]
+            for k, v in g.ndata.items()
+            if k not in (dgl.NID, "inner_node")
+        }
+        edge_feats = {
+            f"{_etype_str(etype)}/{k}": v[local_edges]
+            for k, v in g.edata.items()
+            if k not in (dgl.EID, "inner_edge")
+        }
+        del p.ndata["orig_id"]
+        del p.edata["orig_id"]
+        for k, dt in _reserved_dtypes().items():
+            if k in p.ndata:
+                p.ndata[k] = p.ndata[k].to(dt)
+            if k in p.edata:
+                p.edata[k] = p.edata[k].to(dt)
+        pdir = out / f"part{i}"
+        pdir.mkdir(exist_ok=True)
+        save_tensors(str(pdir / "node_feat.dgl"), node_feats)
+        save_tensors(str(pdir / "edge_feat.dgl"), edge_feats)
+        save_graphs(str(pdir / "graph.dgl"), [p])
+        meta[f"part-{i}"] = {
+            "node_feats": f"part{i}/node_feat.dgl",
+            "edge_feats": f"part{i}/edge_feat.dgl",
+            "part_graph": f"part{i}/graph.dgl",
+        }
+        parts[i] = None  # free as we go
+    if edge_start != m:
+        raise PartitionError(f"internal: inner edges cover {edge_start} of {m} edges")
+    torch.save(orig_nids, out / "orig_nids.pt")
+    torch.save(orig_eids, out / "orig_eids.pt")
+    if extra_meta:
+        meta["degnn"] = extra_meta
+    jpath = out / f"{graph_name}.json"
+    with open(jpath, "w") as f:
+        json.dump(meta, f, indent=4)
+    return {"json": jpath, "halo": halo}
