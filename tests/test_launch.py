@@ -278,6 +278,11 @@ def test_local_trainer_fault_stops_everything(parts, tmp_path):
     assert f"trainer rank 1 (machine 0) pid" in err and "exited with code 1" in err
     assert str(run_dir / "rank1.log") in err
     assert took < 20
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "failed" and "trainer rank 1" in s["error"]
+    assert s["failed_process"] == {"role": "trainer", "index": 1, "machine": 0,
+                                   "log": str(run_dir / "rank1.log")}
+    assert "trainer rank 1 (machine 0)" in (run_dir / "launch.log").read_text()
     assert not fake_entry.processes_mentioning(str(run_dir))
 
 

@@ -22,8 +22,20 @@ from .supervisor import Supervisor
 from . import ssh
 
 
+# where say() also writes once a run directory exists (<run dir>/launch.log: the fault message
+# stays with the run)
+_log_path: Optional[str] = None
+
+
 def say(msg: str) -> None:
-    print(f"degnn.launch: {msg}", file=sys.stderr, flush=True)
+    line = f"degnn.launch: {msg}"
+    print(line, file=sys.stderr, flush=True)
+    if _log_path:
+        try:
+            with open(_log_path, "a") as f:
+                f.write(f"{time.strftime('%H:%M:%S')} {line}\n")
+        except OSError:
+            pass
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -114,6 +126,27 @@ def finalize_summary(run_dir: str, start: Optional[List[Tuple[int, int]]],
     return summary
 
 
+def write_failure(run_dir: str, cfg, message: str, failed=None, machines=None,
+                  trainers=None) -> dict:
+    """summary.json of a run that did not finish: status failed, and why (benchmarks read it)."""
+    path = Path(run_dir) / "summary.json"
+    summary = {}
+    if path.is_file():
+        try:
+            summary = json.loads(path.read_text())
+        except ValueError:
+            pass
+    base = {"pipeline": cfg.pipeline.name, "variant": cfg.pipeline.get("variant"),
+            "dataset": cfg.dataset.name, "machines": machines, "trainers": trainers,
+            "net_bytes_total": None, "net_bytes_per_batch": None}
+    summary = {**base, **summary, "status": "failed", "error": message}
+    if failed is not None:
+        summary["failed_process"] = {"role": failed.role, "index": failed.index,
+                                     "machine": failed.machine, "log": failed.log}
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
 def _fmt(v, digits: int = 4) -> str:
     if v is None:
         return "-"
@@ -146,6 +179,16 @@ def launch(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str],
         check_ports_free(plan.machines[0][0],
                          [plan.machines[0][1] + j for j in range(cl.servers_per_machine)])
     os.makedirs(run_dir, exist_ok=True)
+    global _log_path
+    _log_path = os.path.join(run_dir, "launch.log")
+    try:
+        return _run(cfg, plan, run_dir, out)
+    finally:
+        _log_path = None
+
+
+def _run(cfg, plan: Plan, run_dir: str, out) -> int:
+    cl = cfg.cluster
     plan.write_ip_config()
     cwd = os.getcwd()
     with ExitStack() as stack:
@@ -176,7 +219,7 @@ def launch(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str],
         start = counters() if counters else None
         sup = Supervisor(plan, command=command, on_stop=on_stop, cwd=cwd,
                          fault_timeout_s=cl.fault_timeout_s,
-                         console=getattr(out, "buffer", None))
+                         console=getattr(out, "buffer", None), say=say)
         say(f"{len(plan.procs)} processes ({len(plan.servers())} servers, "
             f"{len(plan.trainers())} trainers); logs in {run_dir}")
         outcome = sup.run()
@@ -184,6 +227,8 @@ def launch(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str],
         say(f"{len(plan.procs)} processes started in {outcome.started_s:.2f}s, "
             f"stopped in {outcome.stop_s:.2f}s")
     if not outcome.ok:
+        write_failure(run_dir, cfg, outcome.message, outcome.failed, len(plan.machines),
+                      len(plan.trainers()))
         return outcome.returncode if outcome.returncode and outcome.returncode > 0 else 1
     summary = finalize_summary(run_dir, start, end)
     if summary is None:
