@@ -84,7 +84,11 @@ def ask(ip: str, port: int, msg: bytes, tries: int = 100) -> bytes:
 
 
 def trainer_checks(rank: int, machine: int) -> dict:
-    res = {"rank": rank, "machine": machine, "pid": os.getpid()}
+    res = {"rank": rank, "machine": machine, "pid": os.getpid(), "hostname": socket.gethostname()}
+    try:
+        res["resolved"] = socket.gethostbyname(res["hostname"])
+    except OSError:
+        res["resolved"] = None
     own = f"/dev/shm/degnn_fake_m{machine}"
     for _ in range(100):
         if os.path.exists(own):

@@ -93,12 +93,36 @@ def test_two_machines_reach_each_other_with_private_shm(part2, tmp_path):
         assert r["allreduce"] == 4.0
         assert r["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
         assert r["env"]["MASTER_ADDR"] == "10.77.0.1"
+        # its own hostname, resolving to its own address like on a real cluster
+        assert r["hostname"] == f"degnn-m{rank // 2}" and r["resolved"] == f"10.77.0.{rank // 2 + 1}"
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["net_bytes_total"] > 0 and s["net_bytes_per_batch"] == s["net_bytes_total"] / 10
     assert len(s["net_tx_bytes_per_machine"]) == 2 and min(s["net_tx_bytes_per_machine"]) > 0
     assert (run_dir / "ip_config.txt").read_text() == "10.77.0.1 30050\n10.77.0.2 30050\n"
     assert took < 60
     assert_nothing_left(p.pid, run_dir)
+
+
+def test_bandwidth_cap_applies(tmp_path):
+    from degnn.launch import NetnsCluster
+    recv = ("import socket,time; s=socket.socket(); s.bind(('10.77.0.2',5001)); s.listen(); "
+            "c,_=s.accept(); n=0; t=None\n"
+            "while True:\n b=c.recv(1<<16)\n if t is None: t=time.monotonic()\n"
+            " if not b: break\n n+=len(b)\n"
+            "print(n, time.monotonic()-t)")
+    send = ("import socket,time\nfor _ in range(50):\n try: c=socket.create_connection(("
+            "'10.77.0.2',5001)); break\n except OSError: time.sleep(0.1)\n"
+            "c.sendall(b'x'*4000000); c.close()")
+    with NetnsCluster(2, bandwidth="40mbit") as net:
+        r = subprocess.Popen([*net.prefix(1, str(REPO)), PY, "-c", recv], stdout=subprocess.PIPE,
+                             text=True)
+        subprocess.run([*net.prefix(0, str(REPO)), PY, "-c", send], check=True, timeout=30)
+        n, secs = r.communicate(timeout=30)[0].split()
+        names = [net.ns, net.veth, net.bridge]
+    assert int(n) == 4000000
+    mbit = int(n) * 8 / float(secs) / 1e6
+    assert 20 < mbit < 48, mbit  # 40 mbit/s cap (tbf burst lets a little more through)
+    assert not [x for x in list_namespaces() + list_links() if x in str(names)]
 
 
 @pytest.mark.parametrize("who", ["trainer", "server"])

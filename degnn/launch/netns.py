@@ -4,10 +4,10 @@ Machine i is
   - network namespace `degnn<pid>m<i>` with a veth `eth0` at <subnet>.<i+1>/24 and `lo` up,
     whose other end `degnn<pid>v<i>` sits on the bridge `degnn<pid>b` in the root namespace
     (the bridge carries no address: the machines only see each other);
-  - a holder process (`sleep infinity`) in its own mount+IPC namespace with a fresh tmpfs on
-    /dev/shm. DGL servers publish partitions in shared memory named by graph name, so two
+  - a holder process (`sleep infinity`) in its own mount+IPC+UTS namespace with a fresh tmpfs on
+    /dev/shm, hostname degnn-m<i> and an /etc/hosts naming every machine. DGL servers publish partitions in shared memory named by graph name, so two
     machines on one host must not share /dev/shm, while the servers and trainers of ONE machine
-    must. Every process of machine i is started with `nsenter -t <holder> -n -m -i`.
+    must. Every process of machine i is started with `nsenter -t <holder> -n -m -i -u`.
 
 Names carry the launcher's pid (decimal, so `degnn<pid>[mvb]<i>` parses back and stays within
 15 characters for interfaces): leftovers of a launcher that no longer runs are removed on the next
@@ -18,8 +18,10 @@ from __future__ import annotations
 import os
 import re
 import select
+import shlex
 import signal
 import subprocess
+import tempfile
 import time
 from typing import List, Optional, Tuple
 
@@ -165,7 +167,12 @@ class NetnsCluster:
                 # cap both directions of the machine's link: egress inside, egress of the bridge side
                 self._tbf(["ip", "netns", "exec", ns, "tc"], IFNAME)
                 self._tbf(["tc"], veth)
-            self.holders.append(self._holder(ns))
+        hosts = self._hosts_file()
+        try:
+            for i, ns in enumerate(self.ns):
+                self.holders.append(self._holder(ns, i, hosts))
+        finally:
+            os.unlink(hosts)  # the bind mounts keep the file's content
         self.setup_s = time.monotonic() - t0
 
     def _tbf(self, tc: List[str], dev: str) -> None:
@@ -177,11 +184,25 @@ class NetnsCluster:
         if r.returncode != 0:
             raise LaunchError(f"`{' '.join(cmd)}` failed: {r.stderr.strip()}")
 
-    def _holder(self, ns: str) -> subprocess.Popen:
-        # ip netns exec -> unshare -> sh -> sleep all exec in place: the Popen pid is the holder
-        script = (f"mount -t tmpfs -o size={self.shm_size} tmpfs /dev/shm && echo ready "
-                  "&& exec sleep infinity")
-        p = subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--mount", "--ipc",
+    def hostname(self, machine: int) -> str:
+        return f"{PREFIX}-m{machine}"
+
+    def _hosts_file(self) -> str:
+        # every machine resolves every machine's name (and its own) like a real cluster would
+        fd, path = tempfile.mkstemp(prefix=f"{PREFIX}{os.getpid()}-hosts-")
+        with os.fdopen(fd, "w") as f:
+            f.write("127.0.0.1 localhost\n")
+            f.writelines(f"{ip} {self.hostname(i)}\n" for i, ip in enumerate(self.ips))
+        os.chmod(path, 0o644)
+        return path
+
+    def _holder(self, ns: str, machine: int, hosts: str) -> subprocess.Popen:
+        # ip netns exec -> unshare -> sh -> sleep all exec in place: the Popen pid is the holder.
+        # Own mount (private /dev/shm, /etc/hosts), IPC and UTS (hostname) namespaces.
+        script = (f"mount -t tmpfs -o size={self.shm_size} tmpfs /dev/shm "
+                  f"&& mount --bind {shlex.quote(hosts)} /etc/hosts "
+                  f"&& hostname {self.hostname(machine)} && echo ready && exec sleep infinity")
+        p = subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--mount", "--ipc", "--uts",
                               "--propagation", "private", "sh", "-c", script],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              stdin=subprocess.DEVNULL, start_new_session=True)
@@ -214,7 +235,7 @@ class NetnsCluster:
     def prefix(self, machine: int, cwd: str) -> List[str]:
         """Command prefix that runs a program on `machine` (its net, mount and IPC namespaces)."""
         holder = self.holders[machine].pid
-        return ["nsenter", "-t", str(holder), "-n", "-m", "-i", f"--wd={cwd}", "--"]
+        return ["nsenter", "-t", str(holder), "-n", "-m", "-i", "-u", f"--wd={cwd}", "--"]
 
     def counters(self) -> List[Tuple[int, int]]:
         """(tx_bytes, rx_bytes) of every machine's eth0, read inside its namespace."""
