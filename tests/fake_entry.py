@@ -10,6 +10,7 @@ shuts the servers down). Trainers check what the launcher promises and record it
   - FAKE_GLOO=1: a gloo all_reduce over RANK/WORLD_SIZE/MASTER_*/GLOO_SOCKET_IFNAME works;
   - FAKE_DGL=1: instead of all of the above, a real DGL DistGraph on DGL_CONF_PATH (the trainer
     attaches to its server's shared-memory partition) and a feature pull.
+Every FAKE_X may also be given as DEGNN_FAKE_X (the launcher exports DEGNN_* over ssh).
 Faults: FAKE_FAIL_RANK=r / FAKE_FAIL_SERVER=s exit 1 after FAKE_FAIL_AFTER seconds (default 2),
 while everyone else then hangs (like trainers blocked in RPC) until stopped.
 Rank 0 writes summary.json with `batches` like the real entry.
@@ -22,7 +23,16 @@ import socket
 import sys
 import time
 
-E = os.environ
+class _Knobs(dict):
+    """os.environ where FAKE_X may also be given as DEGNN_FAKE_X (forwarded over ssh)."""
+
+    def get(self, key, default=None):
+        if key.startswith("FAKE_") and key not in os.environ:
+            return os.environ.get("DEGNN_" + key, default)
+        return os.environ.get(key, default)
+
+
+E = _Knobs(os.environ)
 
 
 def arg(name: str) -> str:

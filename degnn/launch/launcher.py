@@ -207,9 +207,10 @@ def _run(cfg, plan: Plan, run_dir: str, out) -> int:
             command = lambda p: [*net.prefix(p.machine, cwd), *p.argv]
             counters = net.counters
         elif cl.kind == "ssh":
+            forward = ssh.forwarded_env()
             command = lambda p: ssh.ssh_argv(p, plan.machines[p.machine][0],
                                              workspace=cl.workspace, port=cl.ssh_port,
-                                             user=cl.ssh_user)
+                                             user=cl.ssh_user, extra_env=forward)
 
             def on_stop():  # every command line carries hydra.run.dir=<run_dir>
                 for host in ssh.hosts_of(plan.machines):

@@ -56,9 +56,10 @@ class Proc:
         what = f"server {self.index}" if self.role == "server" else f"trainer rank {self.index}"
         return f"{what} (machine {self.machine})"
 
-    def shell(self) -> str:
+    def shell(self, extra_env: Optional[Dict[str, str]] = None) -> str:
         """The process as one shell line: `export K=V ...; cmd` (dry run, ssh)."""
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        env = {**(extra_env or {}), **self.env}
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         return f"export {exports}; {shlex.join(self.argv)}"
 
 

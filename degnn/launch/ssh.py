@@ -7,12 +7,15 @@ file system, as with launch.py's workspace). ssh does not forward signals to the
 stopping a process means `pkill -f` on its host for a pattern unique to this run (the run
 directory, which is on every command line).
 
-Untested against real hosts in CI (no sshd); the command construction is unit-tested.
+DEGNN_* variables of the launcher's environment are exported to every remote process too.
+
+Tested against a local sshd on 127.0.0.1/127.0.0.2 (tests/test_launch_ssh.py), not real hosts (no sshd); the command construction is unit-tested.
 """
 from __future__ import annotations
 
+import os
 import shlex
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .plan import LaunchError, Proc
 
@@ -46,14 +49,22 @@ def ssh_base(host: str, port: int = 22, user: Optional[str] = None) -> List[str]
     return ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes", "-p", str(port), target]
 
 
-def remote_command(proc: Proc, workspace: Optional[str]) -> str:
+def forwarded_env(environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """DEGNN_* variables of the launcher's environment: locally every process inherits them
+    (e.g. DEGNN_DATA, DEGNN_PARTITIONS), so over ssh they are exported explicitly."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k.startswith("DEGNN_") and k != "DEGNN_LAUNCHED"}
+
+
+def remote_command(proc: Proc, workspace: Optional[str],
+                   extra_env: Optional[Dict[str, str]] = None) -> str:
     cd = f"cd {shlex.quote(workspace)}; " if workspace else ""
-    return f"{cd}({proc.shell()})"
+    return f"{cd}({proc.shell(extra_env)})"
 
 
 def ssh_argv(proc: Proc, host: str, *, workspace: Optional[str], port: int = 22,
-             user: Optional[str] = None) -> List[str]:
-    return [*ssh_base(host, port, user), remote_command(proc, workspace)]
+             user: Optional[str] = None, extra_env: Optional[Dict[str, str]] = None) -> List[str]:
+    return [*ssh_base(host, port, user), remote_command(proc, workspace, extra_env)]
 
 
 def run_pattern(run_dir: str) -> str:
