@@ -175,8 +175,9 @@ def test_leftovers_of_a_killed_launcher_are_cleaned(part2, tmp_path):
 
 def test_dgl_trainers_attach_to_their_servers_shared_memory(part2, tmp_path):
     run_dir = tmp_path / "run"
+    # two servers per machine: the backup server attaches to the main server's shared memory too
     p = start_launcher(run_dir, part2, "cluster=netns", "cluster.trainers_per_machine=2",
-                       env={"FAKE_DGL": "1"})
+                       "cluster.servers_per_machine=2", env={"FAKE_DGL": "1"})
     rc, out, err = finish(p, timeout=110)
     assert rc == 0, err[-3000:]
     for rank in range(4):
@@ -184,6 +185,7 @@ def test_dgl_trainers_attach_to_their_servers_shared_memory(part2, tmp_path):
         # DistGraph's local partition comes from the server's shared memory on the same machine
         assert r["num_nodes"] == 200 and r["local_nodes"] >= 100
         assert r["feat_sum"] == float(sum(range(200)) * 4)
+    assert "10.77.0.2:30051" in (run_dir / "server3.log").read_text()
     assert_nothing_left(p.pid, run_dir)
 
 
