@@ -1,9 +1,16 @@
 """Datasets: every source (real OGB, synthetic, WordNet, a user's own graph) gives the same GraphData.
 
 `load_dataset(cfg.dataset)` is the one entry point the rest of degnn uses.
+
+Sources, one module each: `ogb_real` (ogbn-arxiv/products/papers100M, ogbl-citation2 through ogb's
+loaders), `synthetic` (planted-community graphs), `wordnet` (WordNet 3.0 synsets), `custom`
+(a dgl.save_graphs file or an OGB-layout folder). `ogb_layout` writes/reads OGB's on-disk layout;
+every generated graph is written there and read back through ogb's real loader.
 """
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional
 
@@ -27,12 +34,97 @@ class GraphData:
     # "acc" | "mrr"
     metric: str
     # (y_true, y_pred) -> metric value; node task: labels [n] and predicted classes [n]
+    # link task: (scores of true edges [n], scores of their negatives [n, k]) -> MRR
     evaluate: Callable[[torch.Tensor, torch.Tensor], float]
     # link task: {"valid": {"source_node", "target_node", "target_node_neg"}, "test": {...}} (OGB style)
+    # plus "train": {"source_node", "target_node"} (the training edges, one direction)
     link_split: Optional[Dict[str, Dict[str, torch.Tensor]]] = None
     info: Dict[str, object] = field(default_factory=dict)
 
 
+KINDS = ("synthetic", "ogb", "wordnet", "custom")
+
+
+def _get(cfg, key, default=None):
+    # works for the DatasetConfig dataclass, an OmegaConf node and a plain dict
+    if isinstance(cfg, dict):
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)
+
+
+def resolve_root(cfg) -> str:
+    root = _get(cfg, "root") or "data"
+    return os.path.abspath(os.path.expanduser(str(root)))
+
+
 def load_dataset(cfg) -> GraphData:
     """Load the dataset described by a DatasetConfig (see degnn/config.py)."""
-    raise NotImplementedError("filled in by degnn/data")
+    name = _get(cfg, "name")
+    kind = _get(cfg, "kind")
+    task = _get(cfg, "task", "node") or "node"
+    if not name:
+        raise DatasetError("dataset.name is empty; pick a dataset, e.g. dataset=synthetic-tiny")
+    if kind not in KINDS:
+        raise DatasetError(f"dataset {name}: unknown dataset.kind {kind!r}; use one of {', '.join(KINDS)}")
+    if task not in ("node", "link"):
+        raise DatasetError(f"dataset {name}: unknown dataset.task {task!r}; use node or link")
+    t0 = time.time()
+    if kind == "synthetic":
+        from .synthetic import load_synthetic as fn
+    elif kind == "ogb":
+        from .ogb_real import load_ogb as fn
+    elif kind == "wordnet":
+        from .wordnet import load_wordnet as fn
+    else:
+        from .custom import load_custom as fn
+    data = fn(cfg)
+    data = finalize(data, bool(_get(cfg, "to_bidirected", True)))
+    data.info.setdefault("load_s", round(time.time() - t0, 3))
+    return data
+
+
+def node_masks(num_nodes: int, split: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    out = {}
+    for part, key in (("train", "train_mask"), ("valid", "val_mask"), ("test", "test_mask")):
+        m = torch.zeros(num_nodes, dtype=torch.bool)
+        m[torch.as_tensor(split[part]).long()] = True
+        out[key] = m
+    return out
+
+
+def edge_homophily(g: dgl.DGLGraph, label: torch.Tensor) -> float:
+    src, dst = g.edges()
+    keep = src != dst
+    if int(keep.sum()) == 0:
+        return 0.0
+    return float((label[src[keep]] == label[dst[keep]]).float().mean())
+
+
+_NODE_KEYS = ("feat", "label", "train_mask", "val_mask", "test_mask")
+
+
+def finalize(data: GraphData, to_bidirected: bool) -> GraphData:
+    """Normalize dtypes, keep only the standard ndata and optionally make the graph bidirected."""
+    g = data.graph
+    keys = _NODE_KEYS if data.task == "node" else ("feat",)
+    nd = {k: g.ndata[k] for k in keys if k in g.ndata}
+    nd["feat"] = nd["feat"].float()
+    if "label" in nd:
+        nd["label"] = nd["label"].reshape(-1).long()
+    for k in ("train_mask", "val_mask", "test_mask"):
+        if k in nd:
+            nd[k] = nd[k].bool()
+    if to_bidirected:
+        # reverse edges added, duplicates merged; self-loops carry no neighbour information
+        g = dgl.remove_self_loop(dgl.to_bidirected(dgl.graph(g.edges(), num_nodes=g.num_nodes())))
+    else:
+        g = dgl.graph(g.edges(), num_nodes=g.num_nodes())
+    for k, v in nd.items():  # copied explicitly: we never rely on which ndata a transform keeps
+        g.ndata[k] = v
+    data.graph = g
+    data.info["num_nodes"] = g.num_nodes()
+    data.info["num_edges"] = g.num_edges()
+    data.info["bidirected"] = to_bidirected
+    if "label" in nd:
+        data.info["homophily"] = round(edge_homophily(g, nd["label"]), 4)
+    return data

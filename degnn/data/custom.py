@@ -1,0 +1,114 @@
+"""A user's own graph: `dataset=custom dataset.path=<file>` or `dataset.path=<folder>`.
+
+- file: written by `dgl.save_graphs`, holding one homogeneous graph with node data
+  feat (float [N,F]), label (int [N] or [N,1]), train_mask/val_mask/test_mask (bool or 0/1 [N]);
+- folder: OGB's layout (raw/*.csv.gz, split/<name>/..., RELEASE_v1.txt), read by ogb's loader
+  with a meta_dict built from what the folder holds (node task: node-label + split csvs;
+  link task: split/<name>/split_dict.pt or {train,valid,test}.pt).
+"""
+from __future__ import annotations
+
+import os
+import os.path as osp
+
+import torch
+
+from . import DatasetError, GraphData, _get
+from . import ogb_layout as L
+from .evaluate import accuracy_evaluator, mrr_evaluator
+
+EXPECTED = ("expected feat (float [N,F]), label (int [N]), "
+            "train_mask/val_mask/test_mask (bool [N])")
+
+
+def load_custom(cfg) -> GraphData:
+    path = _get(cfg, "path")
+    if not path or str(path) == "???":
+        raise DatasetError("dataset=custom needs dataset.path=<dgl.save_graphs file or OGB-layout folder>")
+    path = osp.abspath(osp.expanduser(str(path)))
+    name = _get(cfg, "name") or "custom"
+    task = _get(cfg, "task", "node")
+    if osp.isdir(path):
+        return _load_folder(name, path, task, cfg)
+    if not osp.isfile(path):
+        raise DatasetError(f"custom dataset path {path} does not exist; "
+                           f"pass a dgl.save_graphs file or an OGB-layout folder as dataset.path")
+    if task != "node":
+        raise DatasetError(f"custom graph {path}: a dgl.save_graphs file serves dataset.task=node only; "
+                           f"for link prediction pass an OGB-layout folder with split/<name>/split_dict.pt")
+    return _load_file(name, path, cfg)
+
+
+def _load_file(name: str, path: str, cfg) -> GraphData:
+    import dgl
+
+    try:
+        graphs, _ = dgl.load_graphs(path)
+    except Exception as exc:  # DGL raises plain DGLError/RuntimeError on a non-graph or damaged file
+        raise DatasetError(f"custom graph {path} cannot be read by dgl.load_graphs ({type(exc).__name__}); "
+                           f"write it with dgl.save_graphs([g], path)") from exc
+    if len(graphs) != 1:
+        raise DatasetError(f"custom graph {path}: holds {len(graphs)} graphs; save exactly one ([g])")
+    g = graphs[0]
+    if len(g.ntypes) != 1 or len(g.etypes) != 1:
+        raise DatasetError(f"custom graph {path}: heterogeneous graphs are not supported; "
+                           f"save a homogeneous graph (dgl.to_homogeneous)")
+    n = g.num_nodes()
+    for key in ("feat", "label", "train_mask", "val_mask", "test_mask"):
+        if key not in g.ndata:
+            raise DatasetError(f"custom graph {path}: node data '{key}' missing; {EXPECTED}")
+    feat, label = g.ndata["feat"], g.ndata["label"]
+    if feat.dim() != 2 or not feat.is_floating_point():
+        raise DatasetError(f"custom graph {path}: node data 'feat' is {feat.dtype} {list(feat.shape)}; {EXPECTED}")
+    if label.dim() == 2 and label.shape[1] == 1:
+        label = label.reshape(-1)
+    if label.dim() != 1 or label.is_floating_point() or label.dtype == torch.bool:
+        raise DatasetError(f"custom graph {path}: node data 'label' is {label.dtype} {list(label.shape)}; {EXPECTED}")
+    if n and int(label.min()) < 0:
+        raise DatasetError(f"custom graph {path}: node data 'label' has negative values; "
+                           f"use class ids 0..C-1 for every node")
+    for key in ("train_mask", "val_mask", "test_mask"):
+        m = g.ndata[key]
+        if m.shape != (n,) or not (m.dtype == torch.bool or (not m.is_floating_point() and int(m.max()) <= 1)):
+            raise DatasetError(f"custom graph {path}: node data '{key}' is {m.dtype} {list(m.shape)}; {EXPECTED}")
+        g.ndata[key] = m.bool()
+    if int(g.ndata["train_mask"].sum()) == 0:
+        raise DatasetError(f"custom graph {path}: node data 'train_mask' selects no node; mark training nodes True")
+    g.ndata["label"] = label.long()
+    num_classes = int(_get(cfg, "num_classes", 0) or 0) or int(label.max()) + 1
+    return GraphData(name=name, task="node", graph=g, num_classes=num_classes, metric="acc",
+                     evaluate=accuracy_evaluator(), info={"path": path, "source": "custom"})
+
+
+def _load_folder(name: str, path: str, task: str, cfg) -> GraphData:
+    raw = osp.join(path, "raw")
+    if not osp.isfile(osp.join(raw, "edge.csv.gz")):
+        raise DatasetError(f"custom folder {path}: raw/edge.csv.gz missing; expected OGB's csv layout "
+                           f"(raw/edge.csv.gz, raw/num-node-list.csv.gz, raw/num-edge-list.csv.gz, "
+                           f"raw/node-feat.csv.gz, split/<name>/, RELEASE_v1.txt)")
+    if not osp.isfile(osp.join(raw, "node-feat.csv.gz")):
+        raise DatasetError(f"custom folder {path}: raw/node-feat.csv.gz missing; degnn needs node features")
+    splits = sorted(os.listdir(osp.join(path, "split"))) if osp.isdir(osp.join(path, "split")) else []
+    if len(splits) != 1:
+        raise DatasetError(f"custom folder {path}: expected exactly one split/<name>/ folder, found {splits or 'none'}")
+    extra = sorted(f[:-7] for f in os.listdir(raw) if f.startswith("node_") and f.endswith(".csv.gz"))
+    if task == "link":
+        meta = L.link_meta(path, name, splits[0], add_inverse_edge=False)
+        _, g, split = L.read_link(name, path, meta)
+        return GraphData(name=name, task="link", graph=g, num_classes=0, metric="mrr", evaluate=mrr_evaluator(),
+                         link_split=split, info={"path": path, "source": "custom"})
+    if not osp.isfile(osp.join(raw, "node-label.csv.gz")):
+        raise DatasetError(f"custom folder {path}: raw/node-label.csv.gz missing; node classification needs labels")
+    num_classes = int(_get(cfg, "num_classes", 0) or 0)
+    # ogb only uses num_classes as metadata; our own count comes from the labels when not configured
+    meta = L.node_meta(path, name, max(num_classes, 1), splits[0], extra_node_files=extra)
+    _, g, labels, split = L.read_node(name, path, meta)
+    from . import node_masks
+
+    label = labels.reshape(-1)
+    if label.is_floating_point():
+        raise DatasetError(f"custom folder {path}: raw/node-label.csv.gz has empty/NaN labels; give every node a class id")
+    g.ndata["label"] = label.long()
+    g.ndata.update(node_masks(g.num_nodes(), split))
+    return GraphData(name=name, task="node", graph=g, num_classes=num_classes or int(label.max()) + 1,
+                     metric="acc", evaluate=accuracy_evaluator(), info={"path": path, "source": "custom"})
