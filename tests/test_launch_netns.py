@@ -143,7 +143,8 @@ def test_a_dead_process_stops_the_cluster(part2, tmp_path, who):
     assert_nothing_left(p.pid, run_dir)
 
 
-def test_interrupt_removes_everything(part2, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_removes_everything(part2, tmp_path, sig):
     run_dir = tmp_path / "run"
     # everyone hangs (a fault that never comes): only the interrupt ends it
     p = start_launcher(run_dir, part2, "cluster=netns", env={"FAKE_FAIL_RANK": "99"})
@@ -151,9 +152,9 @@ def test_interrupt_removes_everything(part2, tmp_path):
     while not (run_dir / "fake_rank1.json").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert list_namespaces()
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     rc, out, err = finish(p, timeout=30)
-    assert rc == 130 and "interrupted by SIGINT" in err
+    assert rc == 128 + sig and f"interrupted by {sig.name}" in err
     assert_nothing_left(p.pid, run_dir)
 
 

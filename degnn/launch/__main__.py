@@ -40,6 +40,12 @@ def main(cfg: DictConfig) -> None:
 
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
+    from .launcher import machines_of
+
+    try:
+        machines_of(cfg.cluster)  # cheap checks first: no partitioning for a run that cannot start
+    except LaunchError as e:
+        _fail(str(e))
     try:
         from partitioners import ensure_partitions
     except ImportError as e:
@@ -53,6 +59,8 @@ def main(cfg: DictConfig) -> None:
                     entry=os.environ.get("DEGNN_ENTRY") or DEFAULT_ENTRY)
     except LaunchError as e:
         _fail(str(e))
+    except KeyboardInterrupt:
+        _fail("interrupted; every process and namespace of this run was removed", 130)
     if rc != 0:
         sys.exit(rc)
 

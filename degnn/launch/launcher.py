@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -181,10 +183,21 @@ def launch(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str],
     os.makedirs(run_dir, exist_ok=True)
     global _log_path
     _log_path = os.path.join(run_dir, "launch.log")
+    # SIGTERM anywhere (also while the machines are built or torn down) unwinds like Ctrl-C, so
+    # the clean-up in finally/with blocks runs; the supervisor handles both itself while it runs
+    old_term = None
+    if threading.current_thread() is threading.main_thread():
+        old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         return _run(cfg, plan, run_dir, out)
     finally:
         _log_path = None
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _run(cfg, plan: Plan, run_dir: str, out) -> int:

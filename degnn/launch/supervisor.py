@@ -200,6 +200,9 @@ class Supervisor:
             self.say(out.message)
         finally:
             t_stop = time.monotonic()
+            # a second Ctrl-C must not cut the clean-up short (it is bounded: grace + SIGKILL)
+            for s in handlers:
+                signal.signal(s, signal.SIG_IGN)
             try:
                 self.stop_all(grace)
             finally:
