@@ -75,9 +75,19 @@ def _load_file(name: str, path: str, cfg) -> GraphData:
     if int(g.ndata["train_mask"].sum()) == 0:
         raise DatasetError(f"custom graph {path}: node data 'train_mask' selects no node; mark training nodes True")
     g.ndata["label"] = label.long()
-    num_classes = int(_get(cfg, "num_classes", 0) or 0) or int(label.max()) + 1
+    num_classes = _num_classes(cfg, label, path)
     return GraphData(name=name, task="node", graph=g, num_classes=num_classes, metric="acc",
                      evaluate=accuracy_evaluator(), info={"path": path, "source": "custom"})
+
+
+def _num_classes(cfg, label: torch.Tensor, path: str) -> int:
+    """dataset.num_classes when set (0 = count from the labels); it must cover every label."""
+    seen = int(label.max()) + 1 if label.numel() else 1
+    want = int(_get(cfg, "num_classes", 0) or 0)
+    if want and want < seen:
+        raise DatasetError(f"custom graph {path}: labels go up to {seen - 1} but dataset.num_classes={want}; "
+                           f"set dataset.num_classes={seen} or 0 (count from the labels)")
+    return want or seen
 
 
 def _load_folder(name: str, path: str, task: str, cfg) -> GraphData:
@@ -110,5 +120,5 @@ def _load_folder(name: str, path: str, task: str, cfg) -> GraphData:
         raise DatasetError(f"custom folder {path}: raw/node-label.csv.gz has empty/NaN labels; give every node a class id")
     g.ndata["label"] = label.long()
     g.ndata.update(node_masks(g.num_nodes(), split))
-    return GraphData(name=name, task="node", graph=g, num_classes=num_classes or int(label.max()) + 1,
+    return GraphData(name=name, task="node", graph=g, num_classes=_num_classes(cfg, label, path),
                      metric="acc", evaluate=accuracy_evaluator(), info={"path": path, "source": "custom"})
