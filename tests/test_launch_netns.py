@@ -7,7 +7,6 @@ With the real entry (degnn.train): a distdgl run and a SIGKILLed trainer.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil

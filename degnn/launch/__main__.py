@@ -36,12 +36,10 @@ def _one_line(e: BaseException) -> str:
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from .launcher import launch
+    from .launcher import launch, machines_of
 
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
-    from .launcher import machines_of
-
     try:
         machines_of(cfg.cluster)  # cheap checks first: no partitioning for a run that cannot start
     except LaunchError as e:

@@ -105,7 +105,8 @@ def _copy(src: IO[bytes], log: IO[bytes], console: IO[bytes]) -> None:
 
 class Supervisor:
     def __init__(self, plan: Plan, command: Callable[[Proc], List[str]] = lambda p: p.argv,
-                 on_stop: Optional[Callable[[], None]] = None, cwd: Optional[str] = None, fault_timeout_s: float = 60, poll_s: float = 0.5,
+                 on_stop: Optional[Callable[[], None]] = None, cwd: Optional[str] = None,
+                 fault_timeout_s: float = 60, poll_s: float = 0.5,
                  server_grace_s: float = 30, console: Optional[IO[bytes]] = None,
                  tee_rank: Optional[int] = 0, say: Callable[[str], None] = None):
         self.plan = plan
