@@ -17,8 +17,8 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Callable, Dict, IO, List, Optional
+from dataclasses import dataclass
+from typing import Callable, IO, List, Optional
 
 from .plan import Plan, Proc, child_env
 
@@ -52,7 +52,6 @@ class Outcome:
     message: str = ""
     started_s: float = 0.0  # time to start every process
     stop_s: float = 0.0  # time from the fault (or end) to nothing left running
-    pids: Dict[str, int] = field(default_factory=dict)
 
 
 def describe_rc(rc: int) -> str:
@@ -193,7 +192,6 @@ class Supervisor:
                 if r.tee is not None:
                     r.tee.start()
             out.started_s = time.monotonic() - t0
-            out.pids = {r.proc.name: r.popen.pid for r in self.running}
             out = self._watch(out)
         except Interrupted as e:
             out.message = f"interrupted by {e}; stopping every process"
