@@ -17,6 +17,7 @@ Rank 0 writes summary.json with `batches` like the real entry.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -46,16 +47,30 @@ def ip_config():
     return [(l.split()[0], int(l.split()[1])) for l in open(E["DGL_IP_CONFIG"]) if l.strip()]
 
 
+def shm_prefix(run_dir: str) -> str:
+    """Marker files in /dev/shm are named per run: runs on the host's /dev/shm (local, ssh to
+    loopback) must not see each other's leftovers."""
+    return "degnn_fake_" + hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:8] + "_m"
+
+
+def remove_shm_markers(run_dir: str) -> None:
+    prefix = shm_prefix(run_dir)
+    for f in os.listdir("/dev/shm"):
+        if f.startswith(prefix):
+            os.unlink(os.path.join("/dev/shm", f))
+
+
 def hang_if_someone_fails():
     if E.get("FAKE_FAIL_RANK") or E.get("FAKE_FAIL_SERVER"):
         time.sleep(600)
 
 
-def server() -> None:
+def server(run_dir: str) -> None:
     sid, nserv = int(E["DGL_SERVER_ID"]), int(E["DGL_NUM_SERVER"])
     machine = sid // nserv
     ip, port = ip_config()[machine]
-    with open(f"/dev/shm/degnn_fake_m{machine}", "w") as f:
+    marker = f"/dev/shm/{shm_prefix(run_dir)}{machine}"
+    with open(marker, "w") as f:
         f.write(str(machine))
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -77,7 +92,8 @@ def server() -> None:
             msg = c.recv(64)
             if msg.startswith(b"shutdown"):
                 print("shutdown", flush=True)
-                os.unlink(f"/dev/shm/degnn_fake_m{machine}")
+                if os.path.exists(marker):
+                    os.unlink(marker)
                 return
             c.sendall(str(machine).encode())
 
@@ -93,20 +109,21 @@ def ask(ip: str, port: int, msg: bytes, tries: int = 100) -> bytes:
     raise RuntimeError(f"cannot reach {ip}:{port}")
 
 
-def trainer_checks(rank: int, machine: int) -> dict:
+def trainer_checks(rank: int, machine: int, run_dir: str) -> dict:
     res = {"rank": rank, "machine": machine, "pid": os.getpid(), "hostname": socket.gethostname()}
     try:
         res["resolved"] = socket.gethostbyname(res["hostname"])
     except OSError:
         res["resolved"] = None
-    own = f"/dev/shm/degnn_fake_m{machine}"
+    prefix = shm_prefix(run_dir)
+    own = f"/dev/shm/{prefix}{machine}"
     for _ in range(100):
         if os.path.exists(own):
             break
         time.sleep(0.2)
     res["shm_shared"] = os.path.exists(own) and open(own).read() == str(machine)
     res["shm_foreign"] = sorted(f for f in os.listdir("/dev/shm")
-                                if f.startswith("degnn_fake_m") and f != os.path.basename(own))
+                                if f.startswith(prefix) and f != os.path.basename(own))
     marker = E.get("FAKE_HOST_SHM_MARKER")
     res["host_shm_visible"] = bool(marker) and os.path.exists(f"/dev/shm/{marker}")
     nserv = int(E["DGL_NUM_SERVER"])
@@ -150,10 +167,10 @@ def main() -> None:
             dgl.distributed.initialize(E["DGL_IP_CONFIG"])  # never returns in a server
             return
     elif role == "server":
-        return server()
+        return server(run_dir)
     rank, machine = int(E["RANK"]), int(E["GROUP_RANK"])
     print(f"trainer rank {rank} machine {machine} pid {os.getpid()} argv {sys.argv[1:]}", flush=True)
-    res = dgl_trainer(rank) if E.get("FAKE_DGL") == "1" else trainer_checks(rank, machine)
+    res = dgl_trainer(rank) if E.get("FAKE_DGL") == "1" else trainer_checks(rank, machine, run_dir)
     res["env"] = {k: v for k, v in E.items() if k.startswith(("DGL_", "MASTER_", "GLOO_"))
                   or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                            "DEGNN_LAUNCHED")}

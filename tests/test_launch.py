@@ -59,9 +59,12 @@ def free_port() -> int:
 def run_launcher(run_dir, part, *overrides, env=None, timeout=90):
     """The launcher in a subprocess (its own signal handlers, stdout); returns (rc, out, err, s)."""
     t0 = time.monotonic()
-    r = subprocess.run([PY, "-c", fake_entry.RUNNER, str(run_dir), part, *overrides], cwd=REPO,
-                       env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                       timeout=timeout)
+    try:
+        r = subprocess.run([PY, "-c", fake_entry.RUNNER, str(run_dir), part, *overrides],
+                           cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True,
+                           text=True, timeout=timeout)
+    finally:
+        fake_entry.remove_shm_markers(str(run_dir))  # the host's /dev/shm (cluster=local)
     return r.returncode, r.stdout, r.stderr, time.monotonic() - t0
 
 
@@ -306,6 +309,8 @@ def test_cli_multirun_runs_one_cluster_per_job(tmp_path):
                         "partition=random", f"hydra.sweep.dir={sweep}"], cwd=REPO,
                        env={**os.environ, "DEGNN_ENTRY": "tests.fake_entry"},
                        capture_output=True, text=True, timeout=110)
+    for job in ("0", "1"):
+        fake_entry.remove_shm_markers(str(sweep / job))
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("result: pipeline=fake") == 2
     for job, seed in (("0", "0"), ("1", "1")):
@@ -343,6 +348,7 @@ def test_killed_launcher_takes_its_processes_along(parts, tmp_path):
     deadline = time.monotonic() + 5
     while fake_entry.processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
         time.sleep(0.1)
+    fake_entry.remove_shm_markers(str(run_dir))
     assert not fake_entry.processes_mentioning(str(run_dir))
 
 

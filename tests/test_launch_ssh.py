@@ -84,11 +84,15 @@ def run_ssh(sshd, tmp_path, part, *extra, env=None, timeout=90):
     ipc.write_text(f"127.0.0.1 {server_port}\n127.0.0.2 {server_port}\n")
     run_dir = tmp_path / "run"
     t0 = time.monotonic()
-    r = subprocess.run([PY, "-c", fake_entry.RUNNER, str(run_dir), part, "cluster=ssh",
-                        f"cluster.ip_config={ipc}", f"cluster.ssh_port={sshd['port']}",
-                        f"cluster.workspace={REPO}", "cluster.trainers_per_machine=2", *extra],
-                       cwd=REPO, env={**sshd["env"], **(env or {})}, capture_output=True,
-                       text=True, timeout=timeout)
+    try:
+        r = subprocess.run([PY, "-c", fake_entry.RUNNER, str(run_dir), part, "cluster=ssh",
+                            f"cluster.ip_config={ipc}", f"cluster.ssh_port={sshd['port']}",
+                            f"cluster.workspace={REPO}", "cluster.trainers_per_machine=2", *extra],
+                           cwd=REPO, env={**sshd["env"], **(env or {})}, capture_output=True,
+                           text=True, timeout=timeout)
+    finally:
+        time.sleep(0.5)  # the remote pkill may still be landing
+        fake_entry.remove_shm_markers(str(run_dir))  # both "machines" are this host
     return r, run_dir, server_port, time.monotonic() - t0
 
 
