@@ -21,7 +21,7 @@ from typing import Any, Dict, Optional, Union
 
 import numpy as np
 
-from .assign import METHODS, PartitionError, compute_assignment, effective_num_supernodes
+from .assign import METHODS, PartitionError, compute_assignment, effective_num_supernodes, structure_graph
 from .stats import partition_stats
 from .writer import write_partitions
 
@@ -156,7 +156,8 @@ def _write(
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         t0 = time.time()
-        part = compute_assignment(graph, method, num_parts, seed, num_supernodes, balance_edges)
+        sg = structure_graph(graph) if method != "random" else None
+        part = compute_assignment(graph, method, num_parts, seed, num_supernodes, balance_edges, sg)
         t1 = time.time()
         extra = {
             "method": method,
@@ -166,7 +167,8 @@ def _write(
         }
         if method == "supernode":
             extra["num_supernodes"] = effective_num_supernodes(graph.num_nodes(), num_parts, num_supernodes)
-        res = write_partitions(graph, part, num_parts, tmp, graph_name, method, extra)
+        res = write_partitions(graph, part, num_parts, tmp, graph_name, method, extra, sim_g=sg)
+        del sg
         t2 = time.time()
         stats = {"graph_name": graph_name, "method": method, "seed": int(seed)}
         if method != "random":
@@ -249,7 +251,12 @@ def _cfg_dict(cfg) -> Dict[str, Any]:
 
 def cache_dir(dataset_cfg, partition_cfg) -> Path:
     """``<root>/<dataset>/<method>-k<K>-s<seed>`` (a relative root is resolved against the cwd)."""
-    root = Path(str(partition_cfg.root)).expanduser()
+    root_s = str(partition_cfg.root)
+    if "${" in root_s:  # a plain dataclass PartitionConfig carries the unresolved default
+        from omegaconf import OmegaConf
+
+        root_s = str(OmegaConf.create({"root": root_s}).root)
+    root = Path(root_s).expanduser()
     if not root.is_absolute():
         root = Path.cwd() / root
     return root / str(dataset_cfg.name) / f"{partition_cfg.method}-k{int(partition_cfg.num_parts)}-s{int(partition_cfg.seed)}"

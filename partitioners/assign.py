@@ -38,25 +38,23 @@ def effective_num_supernodes(num_nodes: int, num_parts: int, num_supernodes: int
     return int(min(num_supernodes, max(num_parts, num_nodes // MIN_SUPERNODE_SIZE)))
 
 
-def _structure(g):
-    """A feature-free int64 homogeneous copy of g's structure (what METIS needs)."""
+def structure_graph(g):
+    """g's structure without features, int64, with _ID/_TYPE: what DGL's partition_graph feeds
+    METIS and partition_graph_with_halo (``dgl.to_homogeneous`` without ndata/edata)."""
     import dgl
     import torch
 
-    src, dst = g.edges()
-    sg = dgl.graph((src.long(), dst.long()), num_nodes=g.num_nodes(), idtype=torch.int64)
-    return sg
+    sg = dgl.to_homogeneous(g)
+    return sg if sg.idtype == torch.int64 else sg.long()
 
 
-def _metis(g, k: int, balance_ntypes, balance_edges: bool) -> np.ndarray:
+def _metis(sg, k: int, balance_ntypes, balance_edges: bool) -> np.ndarray:
     import dgl
 
-    n = g.num_nodes()
+    n = sg.num_nodes()
     if k == 1:
         return np.zeros(n, dtype=np.int64)
-    parts = dgl.metis_partition_assignment(
-        _structure(g), k, balance_ntypes=balance_ntypes, balance_edges=balance_edges
-    )
+    parts = dgl.metis_partition_assignment(sg, k, balance_ntypes=balance_ntypes, balance_edges=balance_edges)
     if parts is None:
         raise PartitionError(f"METIS failed to cut the graph into {k} parts; try fewer parts")
     return parts.numpy().astype(np.int64)
@@ -77,8 +75,9 @@ def random_assignment(num_nodes: int, num_parts: int, seed: int) -> np.ndarray:
     return rng.integers(0, num_parts, size=num_nodes, dtype=np.int64)
 
 
-def metis_assignment(g, num_parts: int, balance_edges: bool = True) -> np.ndarray:
-    return _metis(g, num_parts, train_balance_types(g), balance_edges)
+def metis_assignment(g, num_parts: int, balance_edges: bool = True, sg=None) -> np.ndarray:
+    sg = structure_graph(g) if sg is None else sg
+    return _metis(sg, num_parts, train_balance_types(g), balance_edges)
 
 
 def deal_clusters(clusters: np.ndarray, num_clusters: int, num_parts: int, seed: int) -> np.ndarray:
@@ -92,10 +91,11 @@ def deal_clusters(clusters: np.ndarray, num_clusters: int, num_parts: int, seed:
 
 
 def supernode_assignment(
-    g, num_parts: int, seed: int, num_supernodes: int = 15000, balance_edges: bool = False
+    g, num_parts: int, seed: int, num_supernodes: int = 15000, balance_edges: bool = False, sg=None
 ) -> np.ndarray:
     c = effective_num_supernodes(g.num_nodes(), num_parts, num_supernodes)
-    clusters = _metis(g, c, None, balance_edges)
+    sg = structure_graph(g) if sg is None else sg
+    clusters = _metis(sg, c, None, balance_edges)
     # METIS may leave some of the requested clusters empty; deal only the ids it used
     used, clusters = np.unique(clusters, return_inverse=True)
     return deal_clusters(clusters.astype(np.int64), len(used), num_parts, seed)
@@ -108,14 +108,16 @@ def compute_assignment(
     seed: int = 0,
     num_supernodes: int = 15000,
     balance_edges: bool = True,
+    sg=None,
 ) -> np.ndarray:
-    """The part of every node of g under `method` (one of METHODS)."""
+    """The part of every node of g under `method` (one of METHODS); `sg`: structure_graph(g) if
+    the caller already has it."""
     if method == "random":
         return random_assignment(g.num_nodes(), num_parts, seed)
     if method == "metis":
-        return metis_assignment(g, num_parts, balance_edges)
+        return metis_assignment(g, num_parts, balance_edges, sg)
     if method == "supernode":
-        return supernode_assignment(g, num_parts, seed, num_supernodes, balance_edges)
+        return supernode_assignment(g, num_parts, seed, num_supernodes, balance_edges, sg)
     raise PartitionError(
         f"unknown partition method '{method}'; use one of {', '.join(METHODS)}"
     )

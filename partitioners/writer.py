@@ -29,7 +29,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from .assign import PartitionError
+from .assign import PartitionError, structure_graph
 
 
 def _reserved_dtypes():
@@ -56,6 +56,7 @@ def write_partitions(
     graph_name: str,
     part_method: str,
     extra_meta: Optional[Dict[str, object]] = None,
+    sim_g=None,
 ) -> Dict[str, object]:
     """Write g cut by `part` into `out` (created). Returns {"json": path, "halo": [...]}."""
     import dgl
@@ -81,9 +82,8 @@ def write_partitions(
     out.mkdir(parents=True, exist_ok=True)
 
     # structure only (no features) with _ID/_TYPE like partition_graph's to_homogeneous(g)
-    sim_g = dgl.to_homogeneous(g)
-    if sim_g.idtype != torch.int64:
-        sim_g = sim_g.long()
+    if sim_g is None:
+        sim_g = structure_graph(g)
     parts, orig_nids, orig_eids = dgl.partition_graph_with_halo(sim_g, part_t, 1, reshuffle=True)
     del sim_g
 

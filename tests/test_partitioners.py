@@ -301,7 +301,7 @@ def test_cli_bad_input(tmp_path):
     assert r.returncode != 0 and "partition/kmeans" in r.stderr and "supernode" in r.stderr, r.stderr
 
 
-def _dataset_available() -> str:
+def _dataset_available(root: Path) -> str:
     try:
         from hydra import compose, initialize_config_dir
         from degnn.config import CONF_DIR, register_configs
@@ -309,7 +309,7 @@ def _dataset_available() -> str:
 
         register_configs()
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            cfg = compose(config_name="partition", overrides=["dataset=synthetic-tiny", "out=x"])
+            cfg = compose(config_name="partition", overrides=["dataset=synthetic-tiny", "out=x", f"dataset.root={root}"])
         load_dataset(cfg.dataset)
     except NotImplementedError as e:
         return f"degnn.data.load_dataset is not implemented yet ({e})"
@@ -317,11 +317,13 @@ def _dataset_available() -> str:
 
 
 def test_cli_partitions_synthetic_tiny(tmp_path):
-    why = _dataset_available()
+    data = tmp_path / "data"
+    why = _dataset_available(data)
     if why:
         pytest.skip(why)
     out = tmp_path / "p"
-    r = _cli("dataset=synthetic-tiny", "partition=supernode", "partition.num_parts=2", f"out={out}", cwd=tmp_path)
+    r = _cli("dataset=synthetic-tiny", f"dataset.root={data}", "partition=supernode", "partition.num_parts=2",
+             f"out={out}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "edge cut fraction" in r.stdout and "label_tv" in r.stdout
     assert partitioners.is_complete(out) and (out / "synthetic-tiny.json").is_file()
@@ -330,7 +332,8 @@ def test_cli_partitions_synthetic_tiny(tmp_path):
     for i in range(2):
         dgl.distributed.load_partition(str(out / "synthetic-tiny.json"), i)
     # the same folder with another method: refused, one line
-    r = _cli("dataset=synthetic-tiny", "partition=random", "partition.num_parts=2", f"out={out}", cwd=tmp_path)
+    r = _cli("dataset=synthetic-tiny", f"dataset.root={data}", "partition=random", "partition.num_parts=2",
+             f"out={out}", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().startswith("error: out ") and "force=true" in r.stderr
 
 
