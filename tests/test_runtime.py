@@ -104,7 +104,7 @@ def test_started_like_dgl_launch_py(tmp_path, tiny_partition, wrapper):
     assert summary["best_val"] > 0.4
     curve = [json.loads(line) for line in (run_dir / "curve.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in curve] == [1, 2]
-    assert "result: distdgl" in trainer.stdout
+    assert "result: pipeline=distdgl" in trainer.stdout
     # every process logged into the one run directory
     assert {"rank0.log", "rank1.log", "server0.log"} <= {p.name for p in run_dir.iterdir()}
 

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from .netns import NetnsCluster
+from degnn.metrics import result_line
+
 from .plan import (DEFAULT_ENTRY, LaunchError, Plan, absolute_overrides, build_plan, entry_argv,
                    read_part_config)
 from .supervisor import Supervisor
@@ -117,9 +119,11 @@ def finalize_summary(run_dir: str, start: Optional[List[Tuple[int, int]]],
         rx = [e[1] - s[1] for s, e in zip(start, end)]
         total = sum(tx)
         batches = summary.get("batches") or 0
-        summary.update(net_bytes_total=total,
-                       net_bytes_per_batch=(total / batches) if batches else None,
-                       net_tx_bytes_per_machine=tx, net_rx_bytes_per_machine=rx)
+        summary.update(net_bytes_total=total, net_tx_bytes_per_machine=tx, net_rx_bytes_per_machine=rx)
+        # the trainers' own count covers the training phase only (no start-up, no evaluation);
+        # the whole run's bytes per batch is the fallback where they could not read the wire
+        if summary.get("net_bytes_per_batch") is None:
+            summary["net_bytes_per_batch"] = (total / batches) if batches else None
     else:
         for k in ("net_bytes_total", "net_bytes_per_batch", "net_tx_bytes_per_machine",
                   "net_rx_bytes_per_machine"):
@@ -147,22 +151,6 @@ def write_failure(run_dir: str, cfg, message: str, failed=None, machines=None,
                                      "machine": failed.machine, "log": failed.log}
     path.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-def _fmt(v, digits: int = 4) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.{digits}f}" if abs(v) < 1000 else f"{v:.0f}"
-    return str(v)
-
-
-def result_line(s: dict) -> str:
-    bpb = s.get("net_bytes_per_batch")
-    return (f"result: pipeline={_fmt(s.get('pipeline'))} dataset={_fmt(s.get('dataset'))} "
-            f"machines={_fmt(s.get('machines'))} best_val={_fmt(s.get('best_val'))} "
-            f"test={_fmt(s.get('test'))} train_time_s={_fmt(s.get('train_time_s'), 1)} "
-            f"net_bytes_per_batch={_fmt(bpb, 0) if bpb is not None else '-'}")
 
 
 def launch(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str],

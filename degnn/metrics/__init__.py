@@ -93,16 +93,20 @@ def write_summary(run_dir: Path, summary: dict) -> None:
 
 
 def result_line(s: dict) -> str:
-    """The one-line result every run ends with."""
+    """The one-line result every run ends with (printed by the launcher, or by rank 0 without it)."""
 
-    def fmt(v, spec):
-        return "n/a" if v is None else format(v, spec)
+    def fmt(key, spec):
+        v = s.get(key)
+        return "-" if v is None else format(v, spec)
 
+    pipeline = s.get("pipeline")
+    if s.get("variant") not in (None, "default"):
+        pipeline = f"{pipeline}/{s['variant']}"
     return (
-        f"result: {s.get('pipeline')}/{s.get('variant')} {s.get('dataset')} "
-        f"machines={s.get('machines')} trainers={s.get('trainers')} status={s.get('status')} "
-        f"best_val={fmt(s.get('best_val'), '.4f')} test={fmt(s.get('test'), '.4f')} ({s.get('metric')}) "
-        f"epochs={s.get('epochs')} train_time={fmt(s.get('train_time_s'), '.1f')}s "
-        f"app_bytes/batch={fmt(s.get('app_bytes_per_batch'), ',.0f')} "
-        f"net_bytes/batch={fmt(s.get('net_bytes_per_batch'), ',.0f')}"
+        f"result: pipeline={pipeline} dataset={s.get('dataset')} machines={s.get('machines')} "
+        f"trainers={fmt('trainers', '')} status={s.get('status')} "
+        f"best_val={fmt('best_val', '.4f')} test={fmt('test', '.4f')} metric={s.get('metric', '-')} "
+        f"epochs={fmt('epochs', '')} train_time_s={fmt('train_time_s', '.1f')} "
+        f"app_bytes_per_batch={fmt('app_bytes_per_batch', '.0f')} "
+        f"net_bytes_per_batch={fmt('net_bytes_per_batch', '.0f')}"
     )

@@ -128,7 +128,8 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
                      machines=machines, part_config=part_config, graph=graph, log=log)
     pipeline = get_pipeline(cfg.pipeline.name)(ctx)
     summary = pipeline.run()
-    if rank == 0:
+    if rank == 0 and not os.environ.get("DEGNN_LAUNCHED"):
+        # (degnn.launch prints it itself, once it has added the wire counters)
         print(result_line(summary), flush=True)
     dist.barrier()
     dist.destroy_process_group()
