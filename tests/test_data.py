@@ -255,8 +255,33 @@ def test_missing_ogb_download_failure_names_folder(tmp_path, monkeypatch):
         raise urllib.error.URLError("network is unreachable (test)")
 
     monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    monkeypatch.setattr("degnn.data.ogb_real._reachable", lambda url: True)  # reach ogb's own urlopen
     with pytest.raises(DatasetError, match=r"download failed.*" + str(tmp_path / "ogbn_arxiv")):
         load_dataset(cfg(tmp_path, name="ogbn-arxiv", kind="ogb"))
+
+
+def test_missing_ogb_unreachable_host_names_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("DEGNN_OFFLINE", raising=False)
+
+    def no_route(*a, **k):
+        raise OSError("no route to host (test)")
+
+    monkeypatch.setattr("socket.create_connection", no_route)
+    with pytest.raises(DatasetError, match=r"unreachable.*" + str(tmp_path / "ogbl_citation2")):
+        load_dataset(cfg(tmp_path, name="ogbl-citation2", kind="ogb", task="link"))
+
+
+def test_large_download_prompt_without_terminal_errors(tmp_path, monkeypatch):
+    monkeypatch.delenv("DEGNN_OFFLINE", raising=False)
+
+    class Big:  # what urlopen returns for a 2 GB zip: ogb then asks "proceed? (y/N)" on stdin
+        def info(self):
+            return {"Content-Length": str(2 << 30)}
+
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: Big())
+    monkeypatch.setattr("degnn.data.ogb_real._reachable", lambda url: True)
+    with pytest.raises(DatasetError, match=r"no terminal.*" + str(tmp_path / "ogbn_products")):
+        load_dataset(cfg(tmp_path, name="ogbn-products", kind="ogb"))
 
 
 def test_ogb_folder_without_release_never_prompts(tmp_path, monkeypatch):

@@ -7,9 +7,14 @@ Set DEGNN_OFFLINE=1 to never attempt a download.
 """
 from __future__ import annotations
 
+import builtins
+import contextlib
 import os
 import os.path as osp
+import socket
+import sys
 import urllib.error
+import urllib.parse
 
 import pandas as pd
 import torch
@@ -38,6 +43,35 @@ def _offline() -> bool:
     return os.environ.get("DEGNN_OFFLINE", "").lower() in ("1", "true", "yes")
 
 
+def _reachable(url: str, timeout_s: float = 10.0) -> bool:
+    """A bounded check before ogb's urlopen, which has no timeout and could hang on a dropped route."""
+    u = urllib.parse.urlparse(url)
+    try:
+        socket.create_connection((u.hostname, u.port or 80), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _no_prompt_without_terminal():
+    """ogb asks on stdin before a >1 GB download; with no terminal (a launched trainer, CI) that
+    input() would block on an open pipe or raise EOFError, so answer it with EOFError at once."""
+    if sys.stdin is not None and sys.stdin.isatty():
+        yield
+        return
+    real = builtins.input
+
+    def refuse(prompt=""):
+        raise EOFError(prompt.strip())
+
+    builtins.input = refuse
+    try:
+        yield
+    finally:
+        builtins.input = real
+
+
 def load_ogb(cfg) -> GraphData:
     name = str(_get(cfg, "name"))
     task = _get(cfg, "task", "node")
@@ -59,16 +93,19 @@ def load_ogb(cfg) -> GraphData:
                            f"delete it and retry online, or {where}")
     if not have and _offline():
         raise DatasetError(f"{name} not found on disk and DEGNN_OFFLINE is set; {where}")
+    if not have and not _reachable(meta["url"]):
+        raise DatasetError(f"{name} not found on disk and {meta['url']} is unreachable (offline?); {where}")
     try:
-        if task == "node":
-            ds, g, labels, split = L.read_node(name, d, root=root)
-        else:
-            ds, g, split = L.read_link(name, d, root=root)
+        with _no_prompt_without_terminal():
+            if task == "node":
+                ds, g, labels, split = L.read_node(name, d, root=root)
+            else:
+                ds, g, split = L.read_link(name, d, root=root)
     except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
         raise DatasetError(f"{name} not found on disk and the download failed ({exc}); {where}") from exc
     except EOFError as exc:  # ogb's input(): a >1 GB download asks for confirmation on stdin
-        raise DatasetError(f"{name}: ogb asked to confirm a large download but stdin is closed; "
-                           f"run the download interactively once, or {where}") from exc
+        raise DatasetError(f"{name}: ogb asks to confirm a large download and there is no terminal; "
+                           f"run the same command once in a terminal, or {where}") from exc
     except SystemExit as exc:  # ogb exit(-1)s when the download is declined
         raise DatasetError(f"{name}: download declined; {where}") from exc
 
