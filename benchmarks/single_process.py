@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import resource
 import sys
 import time
@@ -44,6 +45,9 @@ def full_graph_logits(model, graph) -> torch.Tensor:
 
 
 def train_single(cfg, run_dir: Path) -> dict:
+    # one thread, like each trainer of a launched cluster (DGL's launch.py gives a trainer
+    # cores / 2 / trainers threads); torch's default oversubscribes the 2-core machines
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 1)))
     torch.manual_seed(cfg.train.seed)
     data = load_dataset(cfg.dataset)
     if data.task != "node":
