@@ -301,8 +301,32 @@ def test_truncated_gzip_names_file(tmp_path):
         load_dataset(cfg(tmp_path, name="ogbn-arxiv", kind="ogb"))
 
 
+def test_corrupted_processed_cache(tmp_path):
+    _write_fake_arxiv(tmp_path / "ogbn_arxiv")
+    load_dataset(cfg(tmp_path, name="ogbn-arxiv", kind="ogb"))
+    (tmp_path / "ogbn_arxiv" / L.PROCESSED).write_bytes(b"garbage")
+    with pytest.raises(DatasetError, match="processed/"):
+        load_dataset(cfg(tmp_path, name="ogbn-arxiv", kind="ogb"))
+
+
 def test_unsupported_ogb_name(tmp_path):
     with pytest.raises(DatasetError, match="not supported"):
         load_dataset(cfg(tmp_path, name="ogbn-mag", kind="ogb"))
     with pytest.raises(DatasetError, match="dataset.task=link"):
         load_dataset(cfg(tmp_path, name="ogbl-citation2", kind="ogb", task="node"))
+
+
+def test_hydra_yaml_and_relative_root(tiny, tiny_root, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from degnn.config import CONF_DIR, DatasetConfig
+
+    base = OmegaConf.structured(DatasetConfig)
+    monkeypatch.chdir(tiny_root.parent)
+    c = OmegaConf.merge(base, OmegaConf.load(osp.join(CONF_DIR, "dataset", "synthetic-tiny.yaml")),
+                        {"root": tiny_root.name})  # relative: resolved against the current dir
+    d = load_dataset(c)
+    assert d.info["dir"] == tiny.info["dir"]
+    c = OmegaConf.merge(base, OmegaConf.load(osp.join(CONF_DIR, "dataset", "custom.yaml")))
+    with pytest.raises(DatasetError, match="dataset.path="):  # `path: ???` unset
+        load_dataset(c)

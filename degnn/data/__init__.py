@@ -46,10 +46,16 @@ KINDS = ("synthetic", "ogb", "wordnet", "custom")
 
 
 def _get(cfg, key, default=None):
-    # works for the DatasetConfig dataclass, an OmegaConf node and a plain dict
-    if isinstance(cfg, dict):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
+    # works for the DatasetConfig dataclass, an OmegaConf node and a plain dict; an unset `???`
+    # value reads as `default`, so the caller's DatasetError (naming the fix) is what the user sees
+    from omegaconf.errors import MissingMandatoryValue
+
+    try:
+        if isinstance(cfg, dict):
+            return cfg.get(key, default)
+        return getattr(cfg, key, default)
+    except MissingMandatoryValue:
+        return default
 
 
 def resolve_root(cfg) -> str:

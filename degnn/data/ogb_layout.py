@@ -23,6 +23,7 @@ from typing import Dict, Optional
 import numpy as np
 import pandas as pd
 import torch
+from dgl import DGLError
 
 from . import DatasetError
 
@@ -177,7 +178,7 @@ def _raise_read_error(dir_path: str, exc: BaseException, what: str) -> None:
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     raise DatasetError(
         f"{what}: cannot read the OGB-layout folder {dir_path} ({type(exc).__name__}: {msg}); "
-        f"delete it to regenerate / re-download it") from exc
+        f"delete its processed/ folder to rebuild from raw/, or the whole folder to regenerate / re-download it") from exc
 
 
 def check_release(dir_path: str, version: int = 1) -> None:
@@ -202,7 +203,7 @@ def _reraise(dir_path: str, exc: BaseException, what: str) -> None:
 
 
 _READ_ERRORS = (OSError, EOFError, zlib.error, ValueError, RuntimeError, KeyError, IndexError,
-                pd.errors.ParserError, pd.errors.EmptyDataError)
+                pd.errors.ParserError, pd.errors.EmptyDataError, DGLError)
 
 
 def read_node(name: str, dir_path: str, meta: Optional[Dict[str, object]] = None, root: Optional[str] = None):

@@ -5,12 +5,16 @@ The model is a degree-corrected stochastic block model (a Chung-Lu graph with co
 - every node has a power-law degree propensity theta (Pareto tail), so degrees are skewed like
   citation graphs;
 - each directed edge picks its source by theta; with probability `homophily` its target is a
-  node of the source's class, otherwise a node of another class, preferring the class's two
-  "neighbouring" classes (so heterophilous edges are structured, not uniform noise, and the
-  neighbourhood label mix is not a giveaway); targets are also picked by theta;
+  node of the source's class, otherwise a node of another class, mostly one of the class's two
+  "neighbouring" classes on a ring (heterophilous edges are structured, like related subject
+  areas, rather than uniform noise); targets are also picked by theta;
 - features are the class mean plus Gaussian noise scaled by `feat_noise`, so features alone give
   a mediocre classifier and the graph is what lifts it;
-- 10% of the labels are then redrawn at random (annotation noise), which caps every model.
+- 10% of the labels are then redrawn at random (annotation noise), which caps every model; so the
+  measured label homophily is a little under cfg.homophily (about 0.41 for 0.5).
+
+Measured with a 2-layer full-graph GraphSAGE vs a 2-layer MLP (hidden 128, 150 epochs) on
+synthetic-small: MLP ~0.44 test accuracy, SAGE ~0.84.
 
 Everything is seeded by cfg.seed; the folder name carries a hash of the knobs, so a changed knob
 never reads a stale cache.
@@ -23,7 +27,6 @@ import os.path as osp
 from typing import Dict, Tuple
 
 import numpy as np
-import torch
 
 from . import DatasetError, GraphData, _get, node_masks, resolve_root
 from . import ogb_layout as L
@@ -33,7 +36,7 @@ from .evaluate import accuracy_evaluator
 GEN_VERSION = 2
 # share of heterophilous edges that go to the two neighbouring classes (c-1, c+1) instead of any
 NEIGHBOUR_CLASS_SHARE = 0.9
-# distance of class means relative to the noise at feat_noise=1 (tuned: MLP ~50% on synthetic-small)
+# spread of class means relative to the noise at feat_noise=1 (tuned: MLP ~45% on synthetic-small)
 MEAN_SCALE = 0.15
 # Pareto shape of degree propensities: a tail exponent like citation graphs' in-degrees
 PARETO_SHAPE = 1.6

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import os
 import os.path as osp
 import re
 import zlib
