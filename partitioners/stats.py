@@ -54,8 +54,10 @@ def total_variation(p: np.ndarray, q: np.ndarray) -> float:
     return float(0.5 * np.abs(p - q).sum())
 
 
-def partition_stats(g, part: np.ndarray, num_parts: int) -> Dict[str, object]:
-    """Statistics of assignment `part` (int per original node) of graph g into num_parts parts."""
+def partition_stats(g, part: np.ndarray, num_parts: int, halo=None) -> Dict[str, object]:
+    """Statistics of assignment `part` (int per original node) of graph g into num_parts parts.
+
+    `halo`: the per-part HALO node counts when the caller already has them (the writer does)."""
     part = np.asarray(part, dtype=np.int64)
     n = g.num_nodes()
     src, dst = g.edges()
@@ -70,9 +72,16 @@ def partition_stats(g, part: np.ndarray, num_parts: int) -> Dict[str, object]:
         train = np.bincount(part[tm], minlength=num_parts)
     else:
         train = np.zeros(num_parts, dtype=np.int64)
-    # halo of part p: distinct sources (owned elsewhere) of edges whose destination p owns
-    keys = np.unique(pd[cut] * n + src[cut])
-    halo = np.bincount(keys // n, minlength=num_parts) if len(keys) else np.zeros(num_parts, np.int64)
+    if halo is None:
+        # halo of part p: distinct sources (owned elsewhere) of edges whose destination p owns
+        halo = np.zeros(num_parts, dtype=np.int64)
+        cs, cd = src[cut], pd[cut]
+        mark = np.zeros(n, dtype=bool)
+        for p in range(num_parts):
+            mark[:] = False
+            mark[cs[cd == p]] = True
+            halo[p] = int(mark.sum())
+    halo = np.asarray(halo, dtype=np.int64)
 
     tv: List[Optional[float]] = [None] * num_parts
     over = None
