@@ -21,6 +21,8 @@ from typing import Any, Dict, Optional, Union
 
 import numpy as np
 
+from degnn.proc import pid_alive
+
 from .assign import METHODS, PartitionError, compute_assignment, effective_num_supernodes, structure_graph
 from .stats import partition_stats
 from .writer import write_partitions
@@ -42,16 +44,6 @@ def _folder_lock(out: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _clean_stale_temps(out: Path) -> None:
     """Remove temporary folders left by killed writers of `out` (called under the lock)."""
     for p in out.parent.glob(f".{out.name}.tmp-*"):
@@ -59,7 +51,7 @@ def _clean_stale_temps(out: Path) -> None:
             pid = int(p.name.rsplit(".tmp-", 1)[1].split("-")[0])
         except (IndexError, ValueError):
             continue
-        if pid == os.getpid() or not _pid_alive(pid):
+        if pid == os.getpid() or not pid_alive(pid):
             shutil.rmtree(p, ignore_errors=True)
     for p in out.parent.glob(f".{out.name}.old-*"):
         shutil.rmtree(p, ignore_errors=True)

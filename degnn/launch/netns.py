@@ -25,6 +25,8 @@ import tempfile
 import time
 from typing import List, Optional, Tuple
 
+from degnn.proc import pid_alive
+
 from .plan import LaunchError
 
 PREFIX = "degnn"
@@ -37,16 +39,6 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     if check and r.returncode != 0:
         raise LaunchError(f"`ip {' '.join(args)}` failed: {r.stderr.strip() or r.returncode}")
     return r
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _ours(name: str) -> Optional[int]:
@@ -86,14 +78,14 @@ def cleanup_stale(keep_owner: Optional[int] = None) -> List[str]:
     me = os.getpid()
     for ns in list_namespaces():
         owner = _ours(ns)
-        if owner is None or owner == keep_owner or (owner != me and _alive(owner)):
+        if owner is None or owner == keep_owner or (owner != me and pid_alive(owner)):
             continue
         _kill_ns_pids(ns)
         _ip("netns", "del", ns, check=False)
         removed.append(ns)
     for link in list_links():
         owner = _ours(link)
-        if owner is None or owner == keep_owner or (owner != me and _alive(owner)):
+        if owner is None or owner == keep_owner or (owner != me and pid_alive(owner)):
             continue
         _ip("link", "del", link, check=False)
         removed.append(link)

@@ -13,27 +13,17 @@ import dgl
 import torch
 import torch.distributed as dist
 
+from degnn.data.evaluate import accuracy_evaluator
 from degnn.models import hops_from_blocks
 from degnn.runtime.compat import DistNodeDataLoader, MultiLayerFullNeighborSampler
 
 
-def accuracy_evaluator(dataset_name: str):
-    """OGB's Evaluator for the dataset; its multiclass accuracy serves every `acc` dataset.
+def dataset_evaluator(dataset_name: str):
+    """The dataset's accuracy evaluator (OGB's `Evaluator`; see degnn/data/evaluate.py).
 
-    OGB's Evaluator only knows OGB's own names; for the others (synthetic, WordNet, custom) the
-    ogbn-arxiv evaluator is exactly plain multiclass accuracy over [n, 1] tensors.
+    Trainers only see partitions, not the loaded dataset, so they build it from the name.
     """
-    from ogb.nodeproppred import Evaluator
-
-    try:
-        ev = Evaluator(dataset_name)
-    except (ValueError, KeyError):
-        ev = Evaluator("ogbn-arxiv")
-
-    def evaluate(y_true: torch.Tensor, y_pred: torch.Tensor) -> float:
-        return float(ev.eval({"y_true": y_true.view(-1, 1), "y_pred": y_pred.view(-1, 1)})["acc"])
-
-    return evaluate
+    return accuracy_evaluator(dataset_name if dataset_name.startswith("ogbn-") else "ogbn-arxiv")
 
 
 def remote_rows(pb, nids: torch.Tensor) -> int:

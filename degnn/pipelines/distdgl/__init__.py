@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from degnn.metrics import ring_allreduce_bytes
 from degnn.models import build_model, hops_from_blocks
 from degnn.pipelines.base import Pipeline
-from degnn.pipelines.evaluation import DistEvaluator, accuracy_evaluator, remote_rows
+from degnn.pipelines.evaluation import DistEvaluator, dataset_evaluator, remote_rows
 from degnn.runtime.compat import DistNodeDataLoader, NeighborSampler
 
 ID_BYTES = 8  # int64 node / edge ids on the wire
@@ -76,7 +76,7 @@ class DistDGLPipeline(Pipeline):
                                          batch_size=cfg.train.batch_size, shuffle=True, drop_last=False)
         hidden_out = cfg.model.hidden
         out_dims = [hidden_out] * (cfg.model.layers - 1) + [num_classes]
-        self.evaluator = DistEvaluator(ctx, self.model, out_dims, accuracy_evaluator(cfg.dataset.name),
+        self.evaluator = DistEvaluator(ctx, self.model, out_dims, dataset_evaluator(cfg.dataset.name),
                                        cfg.train.eval_batch_size)
         self.num_classes = num_classes
         self.log.info("distdgl: %d train nodes on this trainer, %d classes, %d parameters",
