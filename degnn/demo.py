@@ -13,7 +13,8 @@ import subprocess
 import sys
 import uuid
 
-DEMO = ["pipeline=distdgl", "dataset=synthetic-tiny", "model=sage", "train.epochs=5", "train.batch_size=128"]
+DEMO = ["pipeline=distdgl", "dataset=synthetic-tiny", "model=sage", "train.epochs=20", "train.lr=0.01",
+        "train.batch_size=128"]
 
 
 def netns_permitted() -> bool:

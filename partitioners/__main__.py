@@ -32,12 +32,8 @@ def run(cfg: DictConfig) -> Path:
     except PartitionError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    from degnn.data import load_dataset
+    from degnn.data import DatasetError, load_dataset
 
-    try:
-        from degnn.data import DatasetError
-    except ImportError:  # pragma: no cover
-        DatasetError = PartitionError  # type: ignore[misc,assignment]
     try:
         data = load_dataset(cfg.dataset)
         jpath = _partition_graph(

@@ -253,9 +253,13 @@ def cache_dir(dataset_cfg, partition_cfg) -> Path:
 
 
 def _settings(dataset_cfg, partition_cfg) -> Dict[str, Any]:
+    from degnn.data import dataset_version
+
     ds = {k: v for k, v in _cfg_dict(dataset_cfg).items() if k != "root"}
     s: Dict[str, Any] = {
         "dataset": json.loads(json.dumps(ds, default=str)),
+        # the data itself (generator version, file times): new data is never served old partitions
+        "dataset_version": json.loads(json.dumps(dataset_version(dataset_cfg), default=str)),
         "method": str(partition_cfg.method),
         "num_parts": int(partition_cfg.num_parts),
         "seed": int(partition_cfg.seed),

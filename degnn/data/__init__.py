@@ -89,6 +89,25 @@ def load_dataset(cfg) -> GraphData:
     return data
 
 
+def dataset_version(cfg) -> Dict[str, object]:
+    """What identifies the data a config produces, without loading it.
+
+    Caches built from a dataset (the partitioners') key on this, so that a changed generator or a
+    replaced file never reuses partitions of the old data.
+    """
+    kind = _get(cfg, "kind")
+    if kind == "synthetic":
+        from .synthetic import _knobs
+    elif kind == "wordnet":
+        from .wordnet import _knobs
+    else:
+        # real OGB data and custom files: where they are, and when they last changed
+        path = _get(cfg, "path") if kind == "custom" else os.path.join(resolve_root(cfg), str(_get(cfg, "name", "")))
+        path = os.path.abspath(os.path.expanduser(str(path))) if path else ""
+        return {"kind": kind, "path": path, "mtime": os.path.getmtime(path) if path and os.path.exists(path) else None}
+    return {"kind": kind, **_knobs(cfg)}
+
+
 def node_masks(num_nodes: int, split: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
     out = {}
     for part, key in (("train", "train_mask"), ("valid", "val_mask"), ("test", "test_mask")):

@@ -34,6 +34,18 @@ def _one_line(e: BaseException) -> str:
     return text[0] if text else type(e).__name__
 
 
+def _print_partition_report(part_config) -> None:
+    import json
+    from pathlib import Path
+
+    from partitioners.stats import format_table
+
+    stats = Path(part_config).parent / "stats.json"
+    if stats.is_file():
+        print(format_table(json.loads(stats.read_text())), flush=True)
+    print(f"partitions: {part_config}", flush=True)
+
+
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from .launcher import launch, machines_of
@@ -52,6 +64,7 @@ def main(cfg: DictConfig) -> None:
         part_config = ensure_partitions(cfg.dataset, cfg.partition)
     except Exception as e:  # the partitioner's own message (dataset missing, bad method, ...)
         _fail(_one_line(e))
+    _print_partition_report(part_config)
     try:
         rc = launch(cfg, run_dir, str(part_config), list(hc.overrides.task),
                     entry=os.environ.get("DEGNN_ENTRY") or DEFAULT_ENTRY)
