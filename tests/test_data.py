@@ -330,3 +330,23 @@ def test_hydra_yaml_and_relative_root(tiny, tiny_root, monkeypatch):
     c = OmegaConf.merge(base, OmegaConf.load(osp.join(CONF_DIR, "dataset", "custom.yaml")))
     with pytest.raises(DatasetError, match="dataset.path="):  # `path: ???` unset
         load_dataset(c)
+
+
+def test_dataset_version_changes_with_the_data(tmp_path, monkeypatch):
+    """Caches built from a dataset (partitions) key on dataset_version: new data, new key."""
+    import os
+
+    from degnn.data import dataset_version
+    from degnn.data import synthetic
+
+    cfg = {"name": "synthetic-tiny", "kind": "synthetic", "num_nodes": 2000, "num_classes": 8, "root": str(tmp_path)}
+    before = dataset_version(cfg)
+    monkeypatch.setattr(synthetic, "GEN_VERSION", synthetic.GEN_VERSION + 1)
+    assert dataset_version(cfg) != before
+
+    f = tmp_path / "g.bin"
+    f.write_bytes(b"x")
+    custom = {"name": "custom", "kind": "custom", "path": str(f)}
+    v1 = dataset_version(custom)
+    os.utime(f, (1, 1))
+    assert dataset_version(custom) != v1
