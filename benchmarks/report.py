@@ -23,11 +23,12 @@ def collect(results: Path) -> List[dict]:
     for path in sorted(results.rglob("summary.json")):
         s = json.loads(path.read_text())
         s["_dir"] = path.parent
+        s["_rel"] = str(path.parent.relative_to(results))
         s["_curve"] = read_curve(path.parent)
         runs.append(s)
     for path in sorted(results.rglob("launch.log")):  # runs that died before writing a summary
         if not (path.parent / "summary.json").exists():
-            runs.append({"_dir": path.parent, "status": "failed", "pipeline": "?", "dataset": "?", "_curve": []})
+            runs.append({"_dir": path.parent, "_rel": str(path.parent.relative_to(results)), "status": "failed", "pipeline": "?", "dataset": "?", "_curve": []})
     return runs
 
 
@@ -58,7 +59,7 @@ def table(runs: List[dict]) -> List[str]:
             str(s.get("epochs", "–")), fmt(s.get("train_time_s"), ".1f"), fmt(s.get("epoch_time_s"), ".2f"),
             kb(s.get("net_bytes_per_batch")), kb(s.get("app_bytes_per_batch")),
             kb(s.get("allreduce_bytes_per_batch")), fmt(s.get("peak_rss_mb_trainer"), ".0f"),
-            f"`{s['_dir'].name}`" if "_dir" in s else "",
+            f"`{s['_rel']}`",
         ]) + " |")
     return lines
 

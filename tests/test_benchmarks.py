@@ -1,0 +1,48 @@
+"""The benchmark report from run directories, and the bench configs compose."""
+import json
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from benchmarks.report import write_report
+from degnn.config import CONF_DIR, register_configs
+
+
+def fake_run(root, name, **summary):
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"status": "ok", "model": "sage", "metric": "acc", **summary}))
+    (d / "curve.jsonl").write_text("".join(json.dumps({"epoch": e, "train_time_s": e * 1.5, "val": 0.5 + e / 10})
+                                           + "\n" for e in (1, 2, 3)))
+
+
+def test_report_compares_with_the_reference_and_across_layers(tmp_path):
+    common = {"dataset": "wordnet", "machines": 4, "epochs": 3, "train_time_s": 4.5, "epoch_time_s": 1.5}
+    fake_run(tmp_path, "dist2/0", pipeline="distdgl", layers=2, test=0.52, best_val=0.53,
+             net_bytes_per_batch=1000.0, app_bytes_per_batch=990.0, **common)
+    fake_run(tmp_path, "dist3/0", pipeline="distdgl", layers=3, test=0.40, best_val=0.41,
+             net_bytes_per_batch=3000.0, app_bytes_per_batch=2970.0, **common)
+    fake_run(tmp_path, "single/0", pipeline="single", layers=2, test=0.51, best_val=0.52, **common)
+    (tmp_path / "broken" / "0").mkdir(parents=True)
+    (tmp_path / "broken" / "0" / "launch.log").write_text("trainer rank 1 died\n")
+    text = write_report(tmp_path).read_text()
+    assert "| distdgl | wordnet | 2 | 0.5200 | 0.5100 | +1.00 |" in text
+    assert "| distdgl | wordnet | net_bytes_per_batch | 2 -> 3 | 1.0 | 2.9 | 3.00x |" in text
+    assert "`broken/0`" in text and "failed" in text
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    assert (tmp_path / "bytes_per_batch.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("bench", ["default", "quick", "ogb"])
+def test_bench_configs_compose(bench):
+    register_configs()
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        cfg = compose("bench", overrides=[f"bench={bench}"])
+    assert cfg.bench.suites and all(s.overrides for s in cfg.bench.suites)
+    # every suite's jobs compose as training configs (fan-outs match layers, keys exist)
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        for suite in cfg.bench.suites:
+            first = [o.split("=", 1)[0] + "=" + o.split("=", 1)[1].split(",")[0] if "[" not in o else o
+                     for o in suite.overrides]
+            job = compose("config", overrides=first)
+            assert len(job.model.fanouts) == job.model.layers, suite.name
