@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from degnn.config import CONF_DIR, register_configs
+from degnn.pipelines import get_pipeline
 
 from .plan import DEFAULT_ENTRY, LaunchError
 
@@ -54,7 +55,8 @@ def main(cfg: DictConfig) -> None:
     run_dir = hc.runtime.output_dir
     try:
         machines_of(cfg.cluster)  # cheap checks first: no partitioning for a run that cannot start
-    except LaunchError as e:
+        get_pipeline(cfg.pipeline.name)
+    except (LaunchError, NotImplementedError, ValueError) as e:
         _fail(str(e))
     try:
         from partitioners import ensure_partitions
