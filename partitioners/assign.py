@@ -14,8 +14,6 @@ same writer (`partitioners.writer`) then turns any assignment into DGL's partiti
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 METHODS = ("random", "metis", "supernode")

@@ -23,7 +23,6 @@ belongs to the part of its destination.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Dict, Optional
 

@@ -277,7 +277,7 @@ def test_local_trainer_fault_stops_everything(parts, tmp_path):
                                       "cluster.trainers_per_machine=2",
                                       "cluster.fault_timeout_s=20", env={"FAKE_FAIL_RANK": "1"})
     assert rc != 0
-    assert f"trainer rank 1 (machine 0) pid" in err and "exited with code 1" in err
+    assert "trainer rank 1 (machine 0) pid" in err and "exited with code 1" in err
     assert str(run_dir / "rank1.log") in err
     assert took < 20
     s = json.loads((run_dir / "summary.json").read_text())
@@ -289,19 +289,6 @@ def test_local_trainer_fault_stops_everything(parts, tmp_path):
 
 
 # ---- the Hydra entry: python -m degnn.launch ----------------------------------------------------
-def _partitioners_reason():
-    try:
-        from partitioners import ensure_partitions  # noqa: F401
-    except Exception as e:
-        return f"partitioners.ensure_partitions not available: {e}"
-    return None
-
-
-needs_partitioners = pytest.mark.skipif(_partitioners_reason() is not None,
-                                        reason=str(_partitioners_reason()))
-
-
-@needs_partitioners
 def test_cli_multirun_runs_one_cluster_per_job(tmp_path):
     sweep = tmp_path / "sweep"
     r = subprocess.run([PY, "-m", "degnn.launch", "-m", "train.seed=0,1", "cluster=local",
@@ -322,7 +309,6 @@ def test_cli_multirun_runs_one_cluster_per_job(tmp_path):
         assert "'-m'" not in argv and "'--multirun'" not in argv  # processes never sweep
 
 
-@needs_partitioners
 def test_cli_partitioner_error_is_one_line(tmp_path):
     r = subprocess.run([PY, "-m", "degnn.launch", "dataset=ogbn-products",
                         f"dataset.root={tmp_path / 'empty'}", f"partition.root={tmp_path / 'p'}",

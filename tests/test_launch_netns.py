@@ -190,28 +190,11 @@ def test_dgl_trainers_attach_to_their_servers_shared_memory(part2, tmp_path):
 
 
 # ---- the real entry ------------------------------------------------------------------------------
-def _real_entry_reason():
-    try:
-        from degnn.pipelines import get_pipeline
-        get_pipeline("distdgl")
-        from partitioners import ensure_partitions  # noqa: F401
-    except Exception as e:  # not there yet (or broken): say why
-        return f"degnn.train's distdgl pipeline is not available: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-    return None
-
-
 REAL = ["-m", "degnn.launch", "cluster=netns", "cluster.machines=2", "pipeline=distdgl",
         "dataset=synthetic-tiny", "train.epochs=1"]
 
 
-@pytest.fixture
-def real_entry():
-    reason = _real_entry_reason()
-    if reason:
-        pytest.skip(reason)
-
-
-def test_real_distdgl_run(real_entry, tmp_path):
+def test_real_distdgl_run(tmp_path):
     run_dir = tmp_path / "run"
     t0 = time.monotonic()
     r = subprocess.run([PY, *REAL, f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True,
@@ -232,7 +215,7 @@ def _owner_gone(name: str) -> bool:
     return owner is not None and not _alive(owner)
 
 
-def test_real_trainer_killed_mid_run(real_entry, tmp_path):
+def test_real_trainer_killed_mid_run(tmp_path):
     run_dir = tmp_path / "run"
     p = subprocess.Popen([PY, *REAL, "train.epochs=50", f"hydra.run.dir={run_dir}"], cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -212,11 +212,12 @@ def _run(cfg, plan: Plan, run_dir: str, out) -> int:
                                              workspace=cl.workspace, port=cl.ssh_port,
                                              user=cl.ssh_user, extra_env=forward)
 
-            def on_stop():  # every command line carries hydra.run.dir=<run_dir>
+            def kill_remote():  # every command line carries hydra.run.dir=<run_dir>
                 for host in ssh.hosts_of(plan.machines):
                     subprocess.run(ssh.kill_argv(host, run_dir,
                                                  port=cl.ssh_port, user=cl.ssh_user),
                                    stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+            on_stop = kill_remote
         start = counters() if counters else None
         sup = Supervisor(plan, command=command, on_stop=on_stop, cwd=cwd,
                          fault_timeout_s=cl.fault_timeout_s,

@@ -216,6 +216,7 @@ class Supervisor:
         done_at: Optional[float] = None
         warned = set()
         while True:
+            failed = []
             for r in self.running:
                 rc = r.rc
                 if rc is not None and rc != 0:
@@ -226,7 +227,12 @@ class Supervisor:
                             self.say(f"{r.proc.describe()} {describe_rc(rc)} after the trainers "
                                      f"finished; log: {r.proc.log}")
                         continue
-                    return self._fault(out, r, rc)
+                    failed.append((r, rc))
+            if failed:
+                # A process killed by a signal is the cause; peers that saw it die (a gloo
+                # "connection closed" error) exit with an error code within the same poll.
+                r, rc = min(failed, key=lambda f: f[1] >= 0)
+                return self._fault(out, r, rc)
             if done_at is None and all(r.rc == 0 for r in trainers):
                 done_at = time.monotonic()
             if done_at is not None:
