@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import List
 
 import hydra
 from omegaconf import DictConfig
@@ -22,6 +23,23 @@ register_configs()
 REPO = Path(__file__).resolve().parent.parent
 
 
+def missing_datasets(suite) -> List[str]:
+    """The datasets a suite sweeps over that would need a download."""
+    from omegaconf import OmegaConf
+
+    from degnn.config import DatasetConfig
+    from degnn.data import on_disk
+
+    names = [o.split("=", 1)[1].split(",") for o in suite.overrides if o.startswith("dataset=")]
+    missing = []
+    for name in (names[0] if names else []):
+        # the dataset's option file on the schema (we are inside Hydra's app: no second compose)
+        ds = OmegaConf.merge(OmegaConf.structured(DatasetConfig), OmegaConf.load(Path(CONF_DIR, "dataset", f"{name}.yaml")))
+        if not on_disk(ds):
+            missing.append(name)
+    return missing
+
+
 @hydra.main(config_path=CONF_DIR, config_name="bench", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     out = Path(cfg.out) if cfg.out else REPO / "benchmarks" / "results" / time.strftime("%Y%m%d-%H%M%S")
@@ -31,6 +49,11 @@ def main(cfg: DictConfig) -> None:
     if not cfg.report_only:
         t0 = time.time()
         for suite in cfg.bench.suites:
+            missing = missing_datasets(suite) if suite.only_on_disk else []
+            if missing:
+                print(f"bench {cfg.bench.name}: suite {suite.name} skipped: {', '.join(missing)} not on disk "
+                      f"(put the OGB files under dataset.root, default data/)", flush=True)
+                continue
             cmd = [sys.executable, "-m", suite.module, "-m", *suite.overrides,
                    f"hydra.sweep.dir={out / suite.name}", "hydra.sweep.subdir=${hydra.job.num}"]
             print(f"bench {cfg.bench.name}: suite {suite.name}: {' '.join(cmd[1:])}", flush=True)

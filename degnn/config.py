@@ -146,6 +146,8 @@ class SuiteConfig:
     module: str = "degnn.launch"
     # multirun overrides, e.g. ["dataset=wordnet,synthetic-arxiv", "cluster=netns"]
     overrides: List[str] = field(default_factory=list)
+    # skip the suite (with a message) when one of its datasets is not on disk (real OGB data)
+    only_on_disk: bool = False
 
 
 @dataclass

@@ -46,3 +46,18 @@ def test_bench_configs_compose(bench):
                      for o in suite.overrides]
             job = compose("config", overrides=first)
             assert len(job.model.fanouts) == job.model.layers, suite.name
+
+
+def test_ogb_suites_run_only_when_the_data_is_on_disk(tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from benchmarks.__main__ import missing_datasets
+    from degnn.config import SuiteConfig
+
+    monkeypatch.setenv("DEGNN_DATA", str(tmp_path))
+    suite = OmegaConf.structured(SuiteConfig(name="s", overrides=["dataset=ogbn-arxiv,synthetic-tiny"]))
+    assert missing_datasets(suite) == ["ogbn-arxiv"]
+    raw = tmp_path / "ogbn_arxiv" / "raw"
+    raw.mkdir(parents=True)
+    (raw / "edge.csv.gz").write_bytes(b"")
+    assert missing_datasets(suite) == []

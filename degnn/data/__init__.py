@@ -89,6 +89,17 @@ def load_dataset(cfg) -> GraphData:
     return data
 
 
+def on_disk(cfg) -> bool:
+    """Whether loading needs no download: real OGB data must already be under dataset.root;
+    every other kind is built offline (synthetic, WordNet) or is the user's own file."""
+    if _get(cfg, "kind") != "ogb":
+        return True
+    from .ogb_layout import _has_local
+    from .ogb_real import dataset_dir
+
+    return _has_local(dataset_dir(resolve_root(cfg), str(_get(cfg, "name"))))
+
+
 def dataset_version(cfg) -> Dict[str, object]:
     """What identifies the data a config produces, without loading it.
 
