@@ -109,23 +109,52 @@ def test_started_like_dgl_launch_py(tmp_path, tiny_partition, wrapper):
     assert {"rank0.log", "rank1.log", "server0.log"} <= {p.name for p in run_dir.iterdir()}
 
 
-def test_resume_continues_epochs(tmp_path, tiny_partition):
-    first, *_ , run1 = launch_like_dgl(tmp_path / "a", tiny_partition, "torch.distributed.run")
-    assert first.returncode == 0, first.stdout[-4000:]
-    second, *_, run2 = launch_like_dgl(tmp_path / "b", tiny_partition, "torch.distributed.run",
-                                       extra=["train.epochs=4", f"resume={run1}"])
-    assert second.returncode == 0, second.stdout[-4000:]
-    c1 = [json.loads(line) for line in (run1 / "curve.jsonl").read_text().splitlines()]
-    c2 = [json.loads(line) for line in (run2 / "curve.jsonl").read_text().splitlines()]
-    # no epoch repeated or lost, and the finished epochs are carried over unchanged
-    assert [r["epoch"] for r in c2] == [1, 2, 3, 4]
-    assert c2[:2] == c1
-    # training time keeps adding up from where the first run stopped
-    assert c2[2]["train_time_s"] > c1[1]["train_time_s"]
+def read_curve(run_dir: Path) -> list:
+    path = run_dir / "curve.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
+    """A launched run is interrupted mid-training; `resume=` continues it without repeating or
+    losing finished epochs, and the loss goes on from where it was."""
+    import signal
+    import time
+
+    import torch
+
+    run1, run2 = tmp_path / "run1", tmp_path / "run2"
+    common = ["-m", "degnn.launch", "cluster=local", "dataset=synthetic-tiny",
+              "model.hidden=16", "model.fanouts=[5,5]", "train.batch_size=128", "train.lr=0.01",
+              f"dataset.root={tmp_path / 'data'}", f"partition.root={tmp_path / 'parts'}"]
+    p = subprocess.Popen([sys.executable, *common, f"cluster.port={free_port()}", "train.epochs=500",
+                          f"hydra.run.dir={run1}"], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and p.poll() is None and len(read_curve(run1)) < 3:
+            time.sleep(0.1)
+        assert len(read_curve(run1)) >= 3, "the first run never finished 3 epochs"
+        p.send_signal(signal.SIGINT)  # Ctrl-C: the launcher stops every process
+        out, _ = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode != 0, out[-3000:]
+    done = torch.load(run1 / "checkpoint.pt", weights_only=False)["state"]["epoch"]
+    assert 1 <= done < 500
+    target = done + 2
+    second = subprocess.run([sys.executable, *common, f"cluster.port={free_port()}", f"train.epochs={target}",
+                             f"resume={run1}", f"hydra.run.dir={run2}"], cwd=REPO, capture_output=True,
+                            text=True, timeout=240)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    c1, c2 = read_curve(run1), read_curve(run2)
+    # every epoch exactly once; the checkpointed ones carried over unchanged
+    assert [r["epoch"] for r in c2] == list(range(1, target + 1))
+    assert c2[:done] == c1[:done]
+    assert c2[done]["train_time_s"] > c1[done - 1]["train_time_s"]
     # the loss continues from the restored model instead of starting over
-    assert c2[2]["loss"] < c1[0]["loss"]
-    summary = json.loads((run2 / "summary.json").read_text())
-    assert summary["epochs"] == 4
+    assert c2[done]["loss"] < c1[0]["loss"]
+    assert json.loads((run2 / "summary.json").read_text())["epochs"] == target
 
 
 def test_entry_without_launcher_says_how_to_start(tmp_path):
