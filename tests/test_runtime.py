@@ -172,3 +172,11 @@ def test_pipelines_not_yet_available_say_so_before_anything_starts(tmp_path, pip
     assert p.returncode == 2
     assert f"pipeline={pipeline} is not yet available" in p.stderr
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_model_config_errors_come_before_anything_starts(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "degnn.launch", "model.layers=3", f"hydra.run.dir={tmp_path}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "model.fanouts has 2 entries but model.layers=3" in p.stderr
+    assert p.stderr.strip().count("\n") == 0

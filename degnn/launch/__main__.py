@@ -17,6 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from degnn.config import CONF_DIR, register_configs
+from degnn.models import check_model_config
 from degnn.pipelines import get_pipeline
 
 from .plan import DEFAULT_ENTRY, LaunchError
@@ -56,6 +57,7 @@ def main(cfg: DictConfig) -> None:
     try:
         machines_of(cfg.cluster)  # cheap checks first: no partitioning for a run that cannot start
         get_pipeline(cfg.pipeline.name)
+        check_model_config(cfg.model)
     except (LaunchError, NotImplementedError, ValueError) as e:
         _fail(str(e))
     try:

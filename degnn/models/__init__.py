@@ -67,11 +67,18 @@ class GNN(nn.Module):
         return h
 
 
-def build_model(model_cfg, in_dim: int, out_dim: int) -> GNN:
+def check_model_config(model_cfg) -> None:
+    """Errors a launch can report before it starts anything (ValueError, one line)."""
     if len(model_cfg.fanouts) != model_cfg.layers:
         raise ValueError(
             f"model.fanouts has {len(model_cfg.fanouts)} entries but model.layers={model_cfg.layers}: "
             f"give one fan-out per layer, e.g. model.fanouts=[{','.join(['10'] * model_cfg.layers)}]"
         )
+    # the model's own checks (kind, layers, heads), on a throw-away instance with 1-wide in/out
+    GNN(model_cfg.name, 1, model_cfg.hidden, 1, model_cfg.layers, model_cfg.dropout, model_cfg.heads)
+
+
+def build_model(model_cfg, in_dim: int, out_dim: int) -> GNN:
+    check_model_config(model_cfg)
     return GNN(model_cfg.name, in_dim, model_cfg.hidden, out_dim, model_cfg.layers,
                model_cfg.dropout, model_cfg.heads)
