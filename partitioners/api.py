@@ -225,13 +225,10 @@ def _partition_graph(
 
 # ----------------------------------------------------------------------------- ensure_partitions
 def _cfg_dict(cfg) -> Dict[str, Any]:
-    try:
-        from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
-        if isinstance(cfg, DictConfig):
-            return OmegaConf.to_container(cfg, resolve=False)  # type: ignore[return-value]
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=False)  # type: ignore[return-value]
     if dataclasses.is_dataclass(cfg):
         return dataclasses.asdict(cfg)
     if isinstance(cfg, dict):

@@ -29,9 +29,6 @@ class ByteCounter:
     def add(self, category: str, nbytes: int) -> None:
         self.bytes[category] += int(nbytes)
 
-    def total(self, exclude=("eval",)) -> int:
-        return sum(v for k, v in self.bytes.items() if k not in exclude)
-
     def as_dict(self) -> Dict[str, int]:
         return dict(self.bytes)
 

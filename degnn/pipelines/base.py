@@ -174,23 +174,21 @@ class Pipeline:
 
     def _summary(self, state: dict) -> dict:
         ctx, cfg = self.ctx, self.cfg
-        # sum over trainers: bytes and batches; max: memory
-        t = torch.tensor([float(ctx.counter.total()), float(ctx.counter.bytes.get("allreduce", 0)),
-                          float(self.batches), float(self.wire_train_bytes),
-                          float(ctx.counter.bytes.get("eval", 0))], dtype=torch.float64)
-        dist.all_reduce(t)
-        rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
-        dist.all_reduce(rss, op=dist.ReduceOp.MAX)
-        by_cat = [None] * ctx.world_size
-        dist.all_gather_object(by_cat, ctx.counter.as_dict())
-        app, allreduce, batches, wire, eval_bytes = t.tolist()
+        # one gather: bytes by category, batches and wire bytes add up over trainers; memory is the max
+        mine = {"bytes": ctx.counter.as_dict(), "batches": self.batches, "wire": self.wire_train_bytes,
+                "has_wire": self.wire.path is not None,
+                "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+        ranks = [None] * ctx.world_size
+        dist.all_gather_object(ranks, mine)
         cats: Dict[str, int] = {}
-        for d in by_cat:
-            for k, v in d.items():
+        for r in ranks:
+            for k, v in r["bytes"].items():
                 cats[k] = cats.get(k, 0) + v
-        has_wire = torch.tensor([1 if self.wire.path is not None else 0])
-        dist.all_reduce(has_wire)
-        on_netns = bool(has_wire.item())
+        batches = sum(r["batches"] for r in ranks)
+        wire = sum(r["wire"] for r in ranks)
+        on_netns = any(r["has_wire"] for r in ranks)
+        app = sum(v for k, v in cats.items() if k != "eval")  # evaluation is not per-batch traffic
+        allreduce = cats.get("allreduce", 0)
         times = state["epoch_times"]
         summary = {
             "pipeline": cfg.pipeline.name, "variant": cfg.pipeline.variant,
@@ -206,11 +204,11 @@ class Pipeline:
             "app_bytes_per_batch": app / batches if batches else None,
             "allreduce_bytes_per_batch": allreduce / batches if batches else None,
             "app_bytes_by_category": cats,
-            "eval_bytes_total": int(eval_bytes),
+            "eval_bytes_total": int(cats.get("eval", 0)),
             "net_bytes_train": int(wire) if on_netns else None,
             "net_bytes_per_batch": wire / batches if (on_netns and batches) else None,
             "net_bytes_total": None,  # filled in by the launcher from the veth counters
-            "peak_rss_mb_trainer": round(rss.item(), 1),
+            "peak_rss_mb_trainer": round(max(r["rss_mb"] for r in ranks), 1),
             # a run that fails never gets here: the launcher writes its summary (status failed)
             "status": "ok",
         }
