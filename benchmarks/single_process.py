@@ -26,7 +26,7 @@ from tqdm import tqdm
 from degnn.config import CONF_DIR, register_configs
 from degnn.data import DatasetError, load_dataset
 from degnn.metrics import append_curve, result_line, write_summary
-from degnn.models import build_model, hops_from_blocks
+from degnn.models import build_model
 
 log = logging.getLogger("degnn.single")
 
@@ -35,11 +35,9 @@ log = logging.getLogger("degnn.single")
 def full_graph_logits(model, graph) -> torch.Tensor:
     """Layer-wise full-neighbour inference on the whole graph (every node is a destination)."""
     model.eval()
-    src, dst = graph.edges()
-    hop = (src, dst, graph.num_nodes())
     h = graph.ndata["feat"]
     for i in range(model.num_layers):
-        h = model.layer_forward(i, h, hop)
+        h = model.layer_forward(i, graph, h)
     model.train()
     return h
 
@@ -67,7 +65,7 @@ def train_single(cfg, run_dir: Path) -> dict:
     for epoch in range(1, cfg.train.epochs + 1):
         t0, total, n = time.time(), 0.0, 0
         for input_nodes, seeds, blocks in tqdm(loader, desc=f"epoch {epoch}", leave=False, mininterval=1.0):
-            out = model(hops_from_blocks(blocks), g.ndata["feat"][input_nodes])
+            out = model(blocks, g.ndata["feat"][input_nodes])
             loss = F.cross_entropy(out, labels[seeds])
             opt.zero_grad()
             loss.backward()

@@ -1,59 +1,79 @@
-"""The edge-index layers compute what DGL's own convolutions compute (same weights, same graph)."""
+"""The models' layers compute the textbook formulas (dense matrices on a small graph), on whole
+graphs and on sampled blocks, and train through blocks."""
 import dgl
-import dgl.nn as dglnn
 import pytest
 import torch
+import torch.nn.functional as F
 
-from degnn.models import GNN, build_model, hops_from_blocks
-from degnn.models.layers import GATLayer, GCNLayer, SAGELayer
+from degnn.models import GNN, build_model
 
 
 @pytest.fixture
 def graph():
     torch.manual_seed(0)
-    g = dgl.to_bidirected(dgl.rand_graph(60, 300))
-    g = dgl.remove_self_loop(g)
+    g = dgl.remove_self_loop(dgl.to_bidirected(dgl.rand_graph(60, 300)))
     return g, torch.randn(60, 8)
 
 
-def full_hop(g):
+def dense_adj(g) -> torch.Tensor:
+    """A[dst, src] = 1 for every edge src -> dst."""
     src, dst = g.edges()
-    return src, dst, g.num_nodes()
+    a = torch.zeros(g.num_nodes(), g.num_nodes())
+    a[dst, src] = 1.0
+    return a
 
 
-def test_sage_matches_dgl(graph):
+def one_layer(kind, heads=2):
+    torch.manual_seed(1)
+    return GNN(kind, 8, 6, 6, layers=1, dropout=0.0, heads=heads).eval()
+
+
+def test_sage_is_self_plus_neighbour_mean(graph):
     g, x = graph
-    ref = dglnn.SAGEConv(8, 5, "mean")
-    ours = SAGELayer(8, 5)
-    with torch.no_grad():
-        ours.self_linear.weight.copy_(ref.fc_self.weight)
-        ours.self_linear.bias.copy_(ref.fc_self.bias)
-        ours.neigh_linear.weight.copy_(ref.fc_neigh.weight)
-    torch.testing.assert_close(ours(x, *full_hop(g)), ref(g, x), atol=1e-5, rtol=1e-4)
+    model = one_layer("sage")
+    conv = model.layers[0]
+    a = dense_adj(g)
+    mean = (a @ x) / a.sum(1, keepdim=True).clamp(min=1)
+    expected = x @ conv.fc_self.weight.T + conv.fc_self.bias + mean @ conv.fc_neigh.weight.T
+    torch.testing.assert_close(model([g], x), expected, atol=1e-5, rtol=1e-4)
 
 
-def test_gcn_matches_dgl(graph):
+def test_gcn_is_mean_over_self_and_neighbours(graph):
     g, x = graph
-    ref = dglnn.GraphConv(8, 5, norm="both")
-    ours = GCNLayer(8, 5)
-    with torch.no_grad():
-        # GraphConv stores W as [in, out]
-        ours.linear.weight.copy_(ref.weight.T)
-        ours.linear.bias.copy_(ref.bias)
-    torch.testing.assert_close(ours(x, *full_hop(g)), ref(dgl.add_self_loop(g), x), atol=1e-5, rtol=1e-4)
+    model = one_layer("gcn")
+    conv = model.layers[0]
+    a = dense_adj(g) + torch.eye(g.num_nodes())
+    expected = (a / a.sum(1, keepdim=True)) @ x @ conv.weight + conv.bias
+    torch.testing.assert_close(model([g], x), expected, atol=1e-5, rtol=1e-4)
 
 
-def test_gat_matches_dgl(graph):
+def test_gat_is_softmax_attention_over_neighbours_and_self(graph):
     g, x = graph
-    ref = dglnn.GATConv(8, 3, num_heads=2)
-    ours = GATLayer(8, 6, heads=2, concat=True)
-    with torch.no_grad():
-        ours.linear.weight.copy_(ref.fc.weight)
-        ours.att_src.copy_(ref.attn_l[0])
-        ours.att_dst.copy_(ref.attn_r[0])
-        ours.bias.copy_(ref.bias)
-    expected = ref(dgl.add_self_loop(g), x).flatten(1)
-    torch.testing.assert_close(ours(x, *full_hop(g)), expected, atol=1e-5, rtol=1e-4)
+    heads = 2
+    model = one_layer("gat", heads)
+    conv = model.layers[0]
+    n = g.num_nodes()
+    a = dense_adj(g) + torch.eye(n)
+    h = (x @ conv.fc.weight.T).view(n, heads, -1)  # [N, heads, D]
+    el = (h * conv.attn_l).sum(-1)  # [N, heads], source term
+    er = (h * conv.attn_r).sum(-1)  # destination term
+    score = F.leaky_relu(er[:, None, :] + el[None, :, :], 0.2)  # [dst, src, heads]
+    score = score.masked_fill(a[:, :, None] == 0, float("-inf"))
+    alpha = torch.softmax(score, dim=1)
+    out = torch.einsum("dsh,shk->dhk", alpha, h) + conv.bias.view(1, heads, -1)
+    expected = out.mean(1)  # the last layer averages its heads
+    torch.testing.assert_close(model([g], x), expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
+def test_full_neighbour_block_equals_whole_graph(graph, kind):
+    """Layer-wise inference on a full-neighbour block gives the whole-graph result for its seeds."""
+    g, x = graph
+    model = one_layer(kind)
+    seeds = torch.arange(0, 60, 3)
+    block = dgl.to_block(dgl.in_subgraph(g, seeds), seeds)
+    out = model.layer_forward(0, block, x[block.srcdata[dgl.NID]])
+    torch.testing.assert_close(out, model([g], x)[seeds], atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
@@ -63,10 +83,17 @@ def test_sampled_blocks_forward_and_backward(graph, kind):
     sampler = dgl.dataloading.NeighborSampler([3, 5])
     seeds = torch.arange(10)
     input_nodes, output_nodes, blocks = sampler.sample(g, seeds)
-    out = model(hops_from_blocks(blocks), x[input_nodes])
+    out = model(blocks, x[input_nodes])
     assert out.shape == (10, 4)
     out.sum().backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_old_hand_written_checkpoint_is_refused_clearly():
+    model = GNN("sage", 8, 16, 4, layers=2)
+    old = {"layers.0.self_linear.weight": torch.zeros(16, 8)}
+    with pytest.raises(ValueError, match="earlier hand-written layers"):
+        model.load_state_dict(old)
 
 
 def test_fanouts_must_match_layers():

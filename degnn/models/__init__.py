@@ -1,70 +1,107 @@
-"""GNN encoders (SAGE, GCN, GAT) over edge-index hops; see layers.py for why no DGL kernels."""
+"""GNN encoders (SAGE, GCN, GAT) on DGL's own layers (`dgl.nn`), over DGL blocks or graphs.
+
+DGL's kernels aggregate without materialising a row per edge, and SAGEConv projects before it
+aggregates when that is cheaper: on one wordnet batch a 2-layer SAGE forward+backward takes
+about a third of the time of the earlier hand-written torch gather/scatter layers. With a CUDA
+build of DGL the same layers run on the GPU.
+
+A model layer sees one message-passing hop: a DGL block (sampled training, layer-wise
+inference) or a plain graph (a whole local graph), and the source nodes' features.
+"""
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Sequence
 
+import dgl
+import dgl.nn as dglnn
 import torch
 from torch import nn
 import torch.nn.functional as F
 
-from .layers import GATLayer, GCNLayer, SAGELayer
-
-# one message-passing hop: (src, dst, num_dst), local indices as in a DGL block
-Hop = Tuple[torch.Tensor, torch.Tensor, int]
+KINDS = ("sage", "gcn", "gat")
 
 
-def hops_from_blocks(blocks) -> List[Hop]:
-    """DGL blocks -> edge-index hops (the only place models meet DGL graph objects)."""
-    hops = []
-    for block in blocks:
-        src, dst = block.edges()
-        hops.append((src, dst, block.num_dst_nodes()))
-    return hops
+def with_self_loops(block):
+    """`block` plus one edge from every destination node to itself.
+
+    GCN and GAT include the node itself in its neighbourhood (Kipf & Welling; Velickovic et al.);
+    a sampled block has no such edge, and dgl.add_self_loop does not take blocks. A destination
+    node of a block is also its source node of the same index (DGL's block convention).
+    """
+    if not block.is_block:
+        return dgl.add_self_loop(dgl.remove_self_loop(block))
+    src, dst = block.edges()
+    loops = torch.arange(block.num_dst_nodes(), dtype=src.dtype)
+    return dgl.create_block((torch.cat([src, loops]), torch.cat([dst, loops])),
+                            num_src_nodes=block.num_src_nodes(), num_dst_nodes=block.num_dst_nodes())
 
 
 class GNN(nn.Module):
-    """A stack of `layers` message-passing layers with ReLU and dropout between them."""
+    """A stack of `layers` dgl.nn convolutions with ReLU and dropout between them.
+
+    sage: SAGEConv, mean aggregator.  gcn: GraphConv over the node and its neighbours, mean-normalised.
+    gat: GATConv with `heads` heads, concatenated on hidden layers, averaged on the last.
+    """
 
     def __init__(self, kind: str, in_dim: int, hidden: int, out_dim: int, layers: int,
                  dropout: float = 0.5, heads: int = 4):
         super().__init__()
         if layers < 1:
             raise ValueError(f"model.layers must be >= 1, got {layers}")
+        if kind not in KINDS:
+            raise ValueError(f"unknown model '{kind}': choose sage, gcn or gat")
+        if kind == "gat" and layers > 1 and hidden % heads:
+            raise ValueError(f"model.hidden ({hidden}) must be divisible by model.heads ({heads})")
+        self.kind = kind
         dims = [in_dim] + [hidden] * (layers - 1) + [out_dim]
         self.layers = nn.ModuleList()
         for i in range(layers):
             last = i == layers - 1
             if kind == "sage":
-                layer = SAGELayer(dims[i], dims[i + 1])
+                conv = dglnn.SAGEConv(dims[i], dims[i + 1], "mean")
             elif kind == "gcn":
-                layer = GCNLayer(dims[i], dims[i + 1])
-            elif kind == "gat":
-                if not last and hidden % heads:
-                    raise ValueError(f"model.hidden ({hidden}) must be divisible by model.heads ({heads})")
-                layer = GATLayer(dims[i], dims[i + 1], heads, concat=not last)
+                # right (mean) normalisation: "both" would scale by each source's out-degree
+                # inside the block, so a node's output would depend on the batch it is in
+                conv = dglnn.GraphConv(dims[i], dims[i + 1], norm="right", allow_zero_in_degree=True)
             else:
-                raise ValueError(f"unknown model '{kind}': choose sage, gcn or gat")
-            self.layers.append(layer)
+                per_head = dims[i + 1] if last else dims[i + 1] // heads
+                conv = dglnn.GATConv(dims[i], per_head, heads, allow_zero_in_degree=True)
+            self.layers.append(conv)
         self.dropout = dropout
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
 
-    def layer_forward(self, i: int, x_src: torch.Tensor, hop: Hop) -> torch.Tensor:
+    def layer_forward(self, i: int, block, x_src: torch.Tensor) -> torch.Tensor:
         """Layer i alone, with its activation: the unit of layer-wise (full-graph) inference."""
-        h = self.layers[i](x_src, *hop)
+        if self.kind != "sage":
+            block = with_self_loops(block)
+        h = self.layers[i](block, x_src)
+        if self.kind == "gat":  # [N, heads, per_head]
+            h = h.mean(1) if i == self.num_layers - 1 else h.flatten(1)
         if i < self.num_layers - 1:
-            h = F.dropout(F.relu(h), self.dropout, self.training)
+            h = F.relu(h)
+            if self.dropout:
+                h = F.dropout(h, self.dropout, self.training)
         return h
 
-    def forward(self, hops: Sequence[Hop], x: torch.Tensor) -> torch.Tensor:
-        if len(hops) != self.num_layers:
-            raise ValueError(f"got {len(hops)} hops for a {self.num_layers}-layer model")
+    def forward(self, blocks: Sequence, x: torch.Tensor) -> torch.Tensor:
+        if len(blocks) != self.num_layers:
+            raise ValueError(f"got {len(blocks)} blocks for a {self.num_layers}-layer model")
         h = F.dropout(x, self.dropout, self.training) if self.dropout else x
-        for i, hop in enumerate(hops):
-            h = self.layer_forward(i, h, hop)
+        for i, block in enumerate(blocks):
+            h = self.layer_forward(i, block, h)
         return h
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        old = [k for k in state_dict if k.endswith(("linear.weight", "att_src"))]
+        if old:
+            raise ValueError(
+                "this checkpoint holds degnn's earlier hand-written layers (e.g. "
+                f"'{old[0]}'); the models are now DGL's own convolutions and cannot load it: "
+                "start a new run instead of resume=")
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
 
 def check_model_config(model_cfg) -> None:

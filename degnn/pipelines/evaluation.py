@@ -14,7 +14,6 @@ import torch
 import torch.distributed as dist
 
 from degnn.data.evaluate import accuracy_evaluator
-from degnn.models import hops_from_blocks
 from degnn.runtime.compat import DistNodeDataLoader, MultiLayerFullNeighborSampler
 
 
@@ -60,7 +59,7 @@ class DistEvaluator:
             row_bytes = (feat_bytes if i == 0 else x.shape[1] * 4)
             for input_nodes, output_nodes, blocks in loader:
                 self.ctx.counter.add("eval", remote_rows(self.pb, input_nodes) * row_bytes)
-                h = self.model.layer_forward(i, x[input_nodes], hops_from_blocks(blocks)[0])
+                h = self.model.layer_forward(i, blocks[0], x[input_nodes])
                 out[output_nodes] = h
             self.g.barrier()
             x = out

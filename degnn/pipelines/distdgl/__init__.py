@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from degnn.metrics import ring_allreduce_bytes
-from degnn.models import build_model, hops_from_blocks
+from degnn.models import build_model
 from degnn.pipelines.base import Pipeline
 from degnn.pipelines.evaluation import DistEvaluator, dataset_evaluator, remote_rows
 from degnn.runtime.compat import DistNodeDataLoader, NeighborSampler
@@ -96,7 +96,7 @@ class DistDGLPipeline(Pipeline):
             counter.add("features", remote_rows(self.pb, input_nodes) * (self.feat_row_bytes + ID_BYTES))
             x = g.ndata["feat"][input_nodes]
             y = g.ndata["label"][seeds].long()
-            out = self.ddp(hops_from_blocks(blocks), x)
+            out = self.ddp(blocks, x)
             loss = F.cross_entropy(out, y)
             self.optimizer.zero_grad()
             loss.backward()  # DDP all-reduces the gradients here
