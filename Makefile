@@ -22,8 +22,11 @@ demo: setup
 test: setup
 	$(VPY) -m pytest -q tests
 
+# each bench config writes its own report under benchmarks/results/
+BENCHES ?= default parity
+
 bench: setup
-	$(VPY) -m benchmarks bench=default
+	set -e; for b in $(BENCHES); do $(VPY) -m benchmarks bench=$$b; done
 
 bench-quick: setup
 	$(VPY) -m benchmarks bench=quick

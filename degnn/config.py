@@ -111,6 +111,9 @@ class ClusterConfig:
     # a process that has died makes the others stop within this many seconds
     fault_timeout_s: int = 60
     dry_run: bool = False
+    # the module every process runs (`python -m <entry> <overrides>`); benchmarks.plain_dgl is
+    # the plain DGL reference trainer of bench=parity
+    entry: str = "degnn.train"
 
 
 @dataclass

@@ -1,11 +1,18 @@
 """The benchmark report from run directories, and the bench configs compose."""
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 
 from benchmarks.report import write_report
 from degnn.config import CONF_DIR, register_configs
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def fake_run(root, name, **summary):
@@ -33,7 +40,7 @@ def test_report_compares_with_the_reference_and_across_layers(tmp_path):
     assert (tmp_path / "bytes_per_batch.png").stat().st_size > 1000
 
 
-@pytest.mark.parametrize("bench", ["default", "quick", "ogb"])
+@pytest.mark.parametrize("bench", ["default", "quick", "ogb", "parity"])
 def test_bench_configs_compose(bench):
     register_configs()
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
@@ -61,3 +68,33 @@ def test_ogb_suites_run_only_when_the_data_is_on_disk(tmp_path, monkeypatch):
     raw.mkdir(parents=True)
     (raw / "edge.csv.gz").write_bytes(b"")
     assert missing_datasets(suite) == []
+
+
+def test_parity_report_pairs_distdgl_with_the_plain_trainer(tmp_path):
+    common = {"dataset": "wordnet", "machines": 4, "layers": 2, "epochs": 3, "train_time_s": 6.0}
+    fake_run(tmp_path, "parity-2layers/0", pipeline="distdgl", test_final=0.50, epoch_times_s=[3.0, 2.0, 2.2],
+             net_bytes_per_batch=1000.0, fanouts=[25, 10], **common)
+    fake_run(tmp_path, "parity-2layers/1", pipeline="plain-dgl", test_final=0.49, epoch_times_s=[2.5, 2.0, 2.0],
+             net_bytes_per_batch=1010.0, fanouts=[25, 10], **common)
+    text = write_report(tmp_path).read_text()
+    # median epoch times 2.2 / 2.0; bytes 1000 / 1010; test +1 point
+    assert "| wordnet | 2 | [25, 10] | 3 | 2.20 / 2.00 | **1.10x** | 1.0 / 1.0 | 0.990x | 0.5000 / 0.4900 | +1.00 |" in text
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="cluster=netns needs root and iproute2")
+def test_plain_dgl_trainer_runs_on_the_same_cluster_and_moves_the_same_bytes(tmp_path):
+    """bench=parity's reference trainer starts through the launcher (cluster.entry) and does the
+    same work as pipeline=distdgl: its bytes on the wire per batch match within a few percent."""
+    common = [sys.executable, "-m", "degnn.launch", "dataset=synthetic-tiny", "model.fanouts=[10,10]",
+              "train.batch_size=100", "train.epochs=2", "train.eval_every=2", "cluster=netns",
+              "cluster.machines=2", f"dataset.root={tmp_path / 'data'}", f"partition.root={tmp_path / 'parts'}"]
+    for name, entry in (("degnn", "degnn.train"), ("plain", "benchmarks.plain_dgl")):
+        p = subprocess.run([*common, f"cluster.entry={entry}", f"hydra.run.dir={tmp_path / 'runs' / name}"],
+                           cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    ours = json.loads((tmp_path / "runs" / "degnn" / "summary.json").read_text())
+    plain = json.loads((tmp_path / "runs" / "plain" / "summary.json").read_text())
+    assert plain["pipeline"] == "plain-dgl" and plain["status"] == "ok"
+    assert plain["batches"] == ours["batches"] > 0
+    assert len(plain["epoch_times_s"]) == 2 and 0.0 < plain["test_final"] <= 1.0
+    assert abs(ours["net_bytes_per_batch"] / plain["net_bytes_per_batch"] - 1) < 0.05

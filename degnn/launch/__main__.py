@@ -20,7 +20,7 @@ from degnn.config import CONF_DIR, register_configs
 from degnn.models import check_model_config
 from degnn.pipelines import get_pipeline
 
-from .plan import DEFAULT_ENTRY, LaunchError
+from .plan import LaunchError
 
 register_configs()
 
@@ -71,7 +71,7 @@ def main(cfg: DictConfig) -> None:
     _print_partition_report(part_config)
     try:
         rc = launch(cfg, run_dir, str(part_config), list(hc.overrides.task),
-                    entry=os.environ.get("DEGNN_ENTRY") or DEFAULT_ENTRY)
+                    entry=os.environ.get("DEGNN_ENTRY") or cfg.cluster.entry)
     except LaunchError as e:
         _fail(str(e))
     except KeyboardInterrupt:

@@ -200,6 +200,7 @@ class Pipeline:
             "best_epoch": state["best_epoch"],
             "train_time_s": round(state["train_time_s"], 3), "epochs": state["epoch"],
             "epoch_time_s": round(sum(times) / len(times), 3) if times else None,
+            "epoch_times_s": [round(t, 3) for t in times],
             "batches": int(batches),
             "app_bytes_per_batch": app / batches if batches else None,
             "allreduce_bytes_per_batch": allreduce / batches if batches else None,

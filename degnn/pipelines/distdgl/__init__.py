@@ -33,12 +33,11 @@ def sampling_bytes(pb, blocks) -> int:
     """
     total = 0
     for block in blocks:
-        dst_gid = block.dstdata[dgl.NID]
-        remote = pb.nid2partid(dst_gid) != pb.partid
+        remote = pb.nid2partid(block.dstdata[dgl.NID]) != pb.partid
         if not bool(remote.any()):
             continue
-        _, dst = block.edges()
-        total += ID_BYTES * int(remote.sum()) + 3 * ID_BYTES * int(remote[dst].sum())
+        # the edges sampled for remote seeds are their in-edges in the block (no COO needed)
+        total += ID_BYTES * int(remote.sum()) + 3 * ID_BYTES * int(block.in_degrees()[remote].sum())
     return total
 
 
