@@ -68,6 +68,8 @@ class TrainConfig:
     patience: int = 0
     # keep a resumable checkpoint every N epochs
     checkpoint_every: int = 1
+    # rank 0 trains its epochs under cProfile and writes <run dir>/profile_rank0.txt
+    profile: bool = False
 
 
 @dataclass

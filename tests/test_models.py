@@ -102,3 +102,20 @@ def test_fanouts_must_match_layers():
     cfg = OmegaConf.create({"name": "sage", "layers": 3, "hidden": 8, "fanouts": [10, 25], "dropout": 0.0, "heads": 1})
     with pytest.raises(ValueError, match="one fan-out per layer"):
         build_model(cfg, 4, 2)
+
+
+def test_sampling_bytes_from_one_ownership_lookup(graph):
+    """Every block's seeds are a prefix of the batch's input nodes, so the remote flags of the
+    input nodes give each hop's remote seeds; the count equals the per-hop computation."""
+    from degnn.pipelines.distdgl import ID_BYTES, sampling_bytes
+
+    g, _ = graph
+    owner = torch.arange(g.num_nodes()) % 3  # three machines; we are machine 0
+    input_nodes, _, blocks = dgl.dataloading.NeighborSampler([4, 3]).sample(g, torch.arange(0, 60, 6))
+    expected = 0
+    for block in blocks:
+        remote_seed = owner[block.dstdata[dgl.NID]] != 0
+        _, dst = block.edges()
+        expected += ID_BYTES * int(remote_seed.sum()) + 3 * ID_BYTES * int(remote_seed[dst].sum())
+    assert expected > 0
+    assert sampling_bytes(owner[input_nodes] != 0, blocks) == expected

@@ -74,6 +74,27 @@ class Pipeline:
     def batches_per_epoch(self) -> Optional[int]:
         return None
 
+    def _profiled(self, fn, *args):
+        """fn(*args), under cProfile on rank 0 when train.profile is set (cumulative over epochs):
+        <run dir>/profile_rank0.txt (top functions) and .prof (`python -m pstats`)."""
+        if not (self.cfg.train.profile and self.ctx.is_rank0):
+            return fn(*args)
+        import cProfile
+        import io
+        import pstats
+
+        if not hasattr(self, "_profile"):
+            self._profile = cProfile.Profile()
+        self._profile.enable()
+        try:
+            return fn(*args)
+        finally:
+            self._profile.disable()
+            out = io.StringIO()
+            pstats.Stats(self._profile, stream=out).sort_stats("cumulative").print_stats(40)
+            (self.ctx.run_dir / "profile_rank0.txt").write_text(out.getvalue())
+            self._profile.dump_stats(str(self.ctx.run_dir / "profile_rank0.prof"))  # for pstats
+
     def _checkpoint(self, path: Path, state: dict) -> None:
         tmp = path.with_suffix(".tmp")
         torch.save(state, tmp)
@@ -123,7 +144,7 @@ class Pipeline:
                                 unit="batch", leave=False, mininterval=1.0)
             dist.barrier()
             wire0, t0 = self.wire.read(), time.time()
-            loss, nb = self.train_epoch(epoch, progress)
+            loss, nb = self._profiled(self.train_epoch, epoch, progress)
             dt = time.time() - t0
             wire1 = self.wire.read()
             if wire0 is not None:

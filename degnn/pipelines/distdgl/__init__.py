@@ -18,26 +18,28 @@ from torch.nn.parallel import DistributedDataParallel
 from degnn.metrics import ring_allreduce_bytes
 from degnn.models import build_model
 from degnn.pipelines.base import Pipeline
-from degnn.pipelines.evaluation import DistEvaluator, dataset_evaluator, remote_rows
+from degnn.pipelines.evaluation import DistEvaluator, dataset_evaluator
 from degnn.runtime.compat import DistNodeDataLoader, NeighborSampler
 
 ID_BYTES = 8  # int64 node / edge ids on the wire
 
 
-def sampling_bytes(pb, blocks) -> int:
+def sampling_bytes(remote: torch.Tensor, blocks) -> int:
     """Bytes of the sampling RPCs this batch sent to other machines.
 
     DGL sends the seeds of each hop to the machine that owns them (8 bytes per id) and gets back
     the sampled edges as (src, dst, eid) int64 triples; seeds owned by this machine are sampled
-    locally and never cross the network.
+    locally and never cross the network. `remote` flags the batch's input nodes owned elsewhere:
+    every block's destination nodes are a prefix of them (DGL's block layout), so one ownership
+    lookup per batch serves every hop and the feature pull.
     """
     total = 0
     for block in blocks:
-        remote = pb.nid2partid(block.dstdata[dgl.NID]) != pb.partid
-        if not bool(remote.any()):
+        seeds_remote = remote[:block.num_dst_nodes()]
+        if not bool(seeds_remote.any()):
             continue
         # the edges sampled for remote seeds are their in-edges in the block (no COO needed)
-        total += ID_BYTES * int(remote.sum()) + 3 * ID_BYTES * int(block.in_degrees()[remote].sum())
+        total += ID_BYTES * int(seeds_remote.sum()) + 3 * ID_BYTES * int(block.in_degrees()[seeds_remote].sum())
     return total
 
 
@@ -90,9 +92,10 @@ class DistDGLPipeline(Pipeline):
         self.ddp.train()
         total, n = 0.0, 0
         for input_nodes, seeds, blocks in self.loader:
-            counter.add("sampling", sampling_bytes(self.pb, blocks))
+            remote = self.pb.nid2partid(input_nodes) != self.pb.partid
+            counter.add("sampling", sampling_bytes(remote, blocks))
             # remote feature rows: 8 bytes of id out, one feature row back
-            counter.add("features", remote_rows(self.pb, input_nodes) * (self.feat_row_bytes + ID_BYTES))
+            counter.add("features", int(remote.sum()) * (self.feat_row_bytes + ID_BYTES))
             x = g.ndata["feat"][input_nodes]
             y = g.ndata["label"][seeds].long()
             out = self.ddp(blocks, x)
