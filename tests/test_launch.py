@@ -21,6 +21,7 @@ from degnn.launch import ssh
 from degnn.launch.netns import parse_rate
 
 import fake_entry
+from timing import budget
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -56,13 +57,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_launcher(run_dir, part, *overrides, env=None, timeout=90):
+def run_launcher(run_dir, part, *overrides, env=None, timeout=None):
     """The launcher in a subprocess (its own signal handlers, stdout); returns (rc, out, err, s)."""
     t0 = time.monotonic()
     try:
         r = subprocess.run([PY, "-c", fake_entry.RUNNER, str(run_dir), part, *overrides],
                            cwd=REPO, env={**os.environ, **(env or {})}, capture_output=True,
-                           text=True, timeout=timeout)
+                           text=True, timeout=timeout or budget(90))
     finally:
         fake_entry.remove_shm_markers(str(run_dir))  # the host's /dev/shm (cluster=local)
     return r.returncode, r.stdout, r.stderr, time.monotonic() - t0
@@ -279,7 +280,7 @@ def test_local_trainer_fault_stops_everything(parts, tmp_path):
     assert rc != 0
     assert "trainer rank 1 (machine 0) pid" in err and "exited with code 1" in err
     assert str(run_dir / "rank1.log") in err
-    assert took < 20
+    assert took < budget(20)
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["status"] == "failed" and "trainer rank 1" in s["error"]
     assert s["failed_process"] == {"role": "trainer", "index": 1, "machine": 0,
@@ -295,7 +296,7 @@ def test_cli_multirun_runs_one_cluster_per_job(tmp_path):
                         f"cluster.port={free_port()}", "dataset=synthetic-tiny",
                         "partition=random", f"hydra.sweep.dir={sweep}"], cwd=REPO,
                        env={**os.environ, "DEGNN_ENTRY": "tests.fake_entry"},
-                       capture_output=True, text=True, timeout=110)
+                       capture_output=True, text=True, timeout=budget(110))
     for job in ("0", "1"):
         fake_entry.remove_shm_markers(str(sweep / job))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -313,7 +314,7 @@ def test_cli_partitioner_error_is_one_line(tmp_path):
     r = subprocess.run([PY, "-m", "degnn.launch", "dataset=ogbn-products",
                         f"dataset.root={tmp_path / 'empty'}", f"partition.root={tmp_path / 'p'}",
                         f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True,
-                       text=True, timeout=60)
+                       text=True, timeout=budget(60))
     assert r.returncode != 0
     lines = [l for l in r.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("degnn.launch: error:"), r.stderr
@@ -325,7 +326,7 @@ def test_killed_launcher_takes_its_processes_along(parts, tmp_path):
                           f"cluster.port={free_port()}", "cluster.trainers_per_machine=2"],
                          cwd=REPO, env={**os.environ, "FAKE_FAIL_RANK": "99"},  # all hang
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + budget(30)
     while not (run_dir / "fake_rank1.json").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert fake_entry.processes_mentioning(str(run_dir))

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import fake_entry
+from timing import budget
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -89,7 +90,7 @@ def run_ssh(sshd, tmp_path, part, *extra, env=None, timeout=90):
                             f"cluster.ip_config={ipc}", f"cluster.ssh_port={sshd['port']}",
                             f"cluster.workspace={REPO}", "cluster.trainers_per_machine=2", *extra],
                            cwd=REPO, env={**sshd["env"], **(env or {})}, capture_output=True,
-                           text=True, timeout=timeout)
+                           text=True, timeout=budget(timeout))
     finally:
         time.sleep(0.5)  # the remote pkill may still be landing
         fake_entry.remove_shm_markers(str(run_dir))  # both "machines" are this host
@@ -112,7 +113,7 @@ def test_ssh_fault_kills_remote_processes(sshd, part2, tmp_path):
                                   env={"DEGNN_FAKE_FAIL_RANK": "2"})
     assert r.returncode != 0
     assert "trainer rank 2 (machine 1)" in r.stderr and "exited with code 1" in r.stderr
-    assert took < 40
+    assert took < budget(40)
     # ssh does not forward the stop: the launcher's remote pkill did it
     deadline = time.monotonic() + 5
     while fake_entry.processes_mentioning(str(run_dir)) and time.monotonic() < deadline:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from degnn.runtime.compat import strip_local_rank
+from timing import budget
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -81,11 +82,11 @@ def launch_like_dgl(tmp_path, part_json, wrapper: str, trainers: int = 2, extra=
     launcher = [sys.executable, "-m", wrapper, f"--nproc_per_node={trainers}", "--nnodes=1", "--node_rank=0",
                 "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
     try:
-        trainer = subprocess.run([*launcher, *user_cmd], cwd=REPO, timeout=240, text=True,
+        trainer = subprocess.run([*launcher, *user_cmd], cwd=REPO, timeout=budget(240), text=True,
                                  env={**common, "DGL_DIST_MODE": "distributed", "DGL_ROLE": "client",
                                       "DGL_GROUP_ID": "0"},
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        server_out, _ = server.communicate(timeout=60)
+        server_out, _ = server.communicate(timeout=budget(60))
     finally:
         server.kill()
     return trainer, server, server_out, run_dir
@@ -130,12 +131,12 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
                           f"hydra.run.dir={run1}"], cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + budget(180)
         while time.monotonic() < deadline and p.poll() is None and len(read_curve(run1)) < 3:
             time.sleep(0.1)
         assert len(read_curve(run1)) >= 3, "the first run never finished 3 epochs"
         p.send_signal(signal.SIGINT)  # Ctrl-C: the launcher stops every process
-        out, _ = p.communicate(timeout=60)
+        out, _ = p.communicate(timeout=budget(60))
     finally:
         if p.poll() is None:
             p.kill()
@@ -145,7 +146,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     target = done + 2
     second = subprocess.run([sys.executable, *common, f"cluster.port={free_port()}", f"train.epochs={target}",
                              f"resume={run1}", f"hydra.run.dir={run2}"], cwd=REPO, capture_output=True,
-                            text=True, timeout=240)
+                            text=True, timeout=budget(240))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     c1, c2 = read_curve(run1), read_curve(run2)
     # every epoch exactly once; the checkpointed ones carried over unchanged
@@ -160,7 +161,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
 def test_entry_without_launcher_says_how_to_start(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DGL_", "RANK", "WORLD_SIZE", "MASTER_"))}
     p = subprocess.run([sys.executable, "-m", "degnn.train", f"hydra.run.dir={tmp_path}"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=budget(120))
     assert p.returncode == 2
     assert "degnn.launch" in p.stderr and p.stderr.strip().count("\n") == 0
 
@@ -168,7 +169,7 @@ def test_entry_without_launcher_says_how_to_start(tmp_path):
 @pytest.mark.parametrize("pipeline", ["lamp", "tma"])
 def test_pipelines_not_yet_available_say_so_before_anything_starts(tmp_path, pipeline):
     p = subprocess.run([sys.executable, "-m", "degnn.launch", f"pipeline={pipeline}", f"hydra.run.dir={tmp_path}"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+                       cwd=REPO, capture_output=True, text=True, timeout=budget(120))
     assert p.returncode == 2
     assert f"pipeline={pipeline} is not yet available" in p.stderr
     assert not (tmp_path / "summary.json").exists()
@@ -176,7 +177,7 @@ def test_pipelines_not_yet_available_say_so_before_anything_starts(tmp_path, pip
 
 def test_model_config_errors_come_before_anything_starts(tmp_path):
     p = subprocess.run([sys.executable, "-m", "degnn.launch", "model.layers=3", f"hydra.run.dir={tmp_path}"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+                       cwd=REPO, capture_output=True, text=True, timeout=budget(120))
     assert p.returncode == 2
     assert "model.fanouts has 2 entries but model.layers=3" in p.stderr
     assert p.stderr.strip().count("\n") == 0
