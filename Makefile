@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench bench-quick clean
+.PHONY: setup demo test bench bench-quick clean cleanup
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -30,6 +30,10 @@ bench: setup
 
 bench-quick: setup
 	$(VPY) -m benchmarks bench=quick
+
+# leftovers of killed launchers: namespaces, links, holders, processes, DGL shared memory
+cleanup: setup
+	$(VPY) -m degnn.launch --cleanup
 
 clean:
 	rm -rf $(VENV) runs outputs multirun .pytest_cache

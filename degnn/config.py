@@ -110,8 +110,18 @@ class ClusterConfig:
     workspace: Optional[str] = None
     ssh_port: int = 22
     ssh_user: Optional[str] = None
-    # a process that has died makes the others stop within this many seconds
-    fault_timeout_s: int = 60
+    # seconds between SIGTERM and SIGKILL when the cluster is stopped (fault, Ctrl-C, the end)
+    stop_grace_s: float = 5.0
+    # a trainer or server without progress (its heartbeat) for this long is named and the run
+    # stopped with status=failed; 0 turns hang detection off
+    hang_timeout_s: float = 300.0
+    # renamed to stop_grace_s (it was always a SIGTERM grace period); setting it is an error
+    fault_timeout_s: Optional[float] = None
+    # local: a private machine (own network, /dev/shm and IPC namespaces; needs root, unshare,
+    # nsenter, ip); null = whenever possible, else refuse to share /dev/shm with another run
+    isolate: Optional[bool] = None
+    # ssh: the interpreter to run on every host (default: the launcher's own, sys.executable)
+    python: Optional[str] = None
     dry_run: bool = False
     # the module every process runs (`python -m <entry> <overrides>`); benchmarks.plain_dgl is
     # the plain DGL reference trainer of bench=parity

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -237,7 +238,10 @@ def _cfg_dict(cfg) -> Dict[str, Any]:
 
 
 def cache_dir(dataset_cfg, partition_cfg) -> Path:
-    """``<root>/<dataset>/<method>-k<K>-s<seed>`` (a relative root is resolved against the cwd)."""
+    """``<root>/<dataset>/<method>-k<K>-s<seed>-<settings hash>`` (a relative root is resolved
+    against the cwd). The hash of every setting (dataset knobs, data version, method options) keeps
+    partitions of different data in different folders: one folder rewritten for another config
+    while a run reads it made that run train on the other config's graph and labels."""
     root_s = str(partition_cfg.root)
     if "${" in root_s:  # a plain dataclass PartitionConfig carries the unresolved default
         from omegaconf import OmegaConf
@@ -246,7 +250,10 @@ def cache_dir(dataset_cfg, partition_cfg) -> Path:
     root = Path(root_s).expanduser()
     if not root.is_absolute():
         root = Path.cwd() / root
-    return root / str(dataset_cfg.name) / f"{partition_cfg.method}-k{int(partition_cfg.num_parts)}-s{int(partition_cfg.seed)}"
+    digest = hashlib.sha1(json.dumps(_settings(dataset_cfg, partition_cfg), sort_keys=True)
+                          .encode()).hexdigest()[:8]
+    return root / str(dataset_cfg.name) / (f"{partition_cfg.method}-k{int(partition_cfg.num_parts)}"
+                                           f"-s{int(partition_cfg.seed)}-{digest}")
 
 
 def _settings(dataset_cfg, partition_cfg) -> Dict[str, Any]:

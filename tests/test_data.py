@@ -195,6 +195,32 @@ def test_custom_file_missing_or_bad_field(tmp_path):
         load_dataset(cfg(tmp_path, name="custom", kind="custom", num_classes=0, path=str(tmp_path / "junk.bin")))
 
 
+def test_non_finite_features_are_refused_at_load(tmp_path):
+    g = _small_graph()
+    g.ndata["feat"][[3, 7, 9]] = torch.tensor(float("nan"))
+    g.ndata["feat"][7, 0] = float("inf")
+    p = tmp_path / "g.bin"
+    dgl.save_graphs(str(p), [g])
+    with pytest.raises(DatasetError) as e:
+        load_dataset(cfg(tmp_path, name="custom", kind="custom", num_classes=0, path=str(p)))
+    msg = str(e.value)
+    assert "'feat' holds NaN or infinite values in 3 of 50 rows (first: node 3)" in msg
+    assert "\n" not in msg
+
+
+def test_split_file_that_would_run_code_is_refused(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("this must not run",))
+
+    f = tmp_path / "train.pt"
+    torch.save({"source_node": Evil()}, f)
+    with pytest.raises(DatasetError, match=r"train\.pt refers to .*print.*refused"):
+        L.load_split_file(str(f))
+    torch.save({"source_node": np.arange(4), "w": np.ones(2, dtype=np.float32)}, f)
+    assert L.load_split_file(str(f))["source_node"].tolist() == [0, 1, 2, 3]
+
+
 def _write_fake_arxiv(d, n=300, with_release=True):
     """A tiny graph in ogbn-arxiv's exact layout (labels < 40, node_year, split/time)."""
     rng = np.random.default_rng(0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -176,7 +177,8 @@ def test_port_in_use(parts, tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        cfg = cfg_of("cluster=local", f"cluster.port={port}")
+        # (a private local machine has ports of its own: only a shared one checks the host's)
+        cfg = cfg_of("cluster=local", f"cluster.port={port}", "cluster.isolate=false")
         msg = one_line_error(lambda: launch(cfg, str(tmp_path / "run"), parts[1], []))
     assert f"port {port}" in msg and "in use" in msg
     assert not (tmp_path / "run").exists()
@@ -206,7 +208,10 @@ def test_ssh_ip_config_and_commands(parts, tmp_path):
     remote = argv[-1]
     assert remote.startswith("cd '/ws dir'; (export ") and remote.endswith(")")
     assert "RANK=1 " in remote and "GROUP_RANK=1 " in remote and "MASTER_ADDR=10.0.0.1 " in remote
-    assert "python3 -m degnn.train " in remote and "'cluster.workspace=/ws dir'" in remote
+    # the launcher's own interpreter, not whatever `python3` comes first on the remote PATH
+    assert f"{shlex.quote(PY)} -m degnn.train " in remote and "'cluster.workspace=/ws dir'" in remote
+    ov2 = [*ov, "cluster.python=/opt/py/bin/python"]
+    assert make_plan(cfg_of(*ov2), str(tmp_path / "run"), parts[2], ov2).procs[0].argv[0] == "/opt/py/bin/python"
     # the remote shell gets back exactly the argv
     inner = remote[len("cd '/ws dir'; ("):-1].split("; ", 1)[1]
     assert subprocess.run(["sh", "-c", f"printf '%s\\n' {inner}"], capture_output=True,
@@ -276,7 +281,7 @@ def test_local_trainer_fault_stops_everything(parts, tmp_path):
     run_dir = tmp_path / "run"
     rc, out, err, took = run_launcher(run_dir, parts[1], "cluster=local", f"cluster.port={free_port()}",
                                       "cluster.trainers_per_machine=2",
-                                      "cluster.fault_timeout_s=20", env={"FAKE_FAIL_RANK": "1"})
+                                      "cluster.stop_grace_s=5", env={"FAKE_FAIL_RANK": "1"})
     assert rc != 0
     assert "trainer rank 1 (machine 0) pid" in err and "exited with code 1" in err
     assert str(run_dir / "rank1.log") in err
@@ -344,3 +349,128 @@ def test_netns_without_permission_is_one_line(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     msg = one_line_error(lambda: NetnsCluster(2).__enter__())
     assert "root" in msg and "cluster=local" in msg
+
+
+# ---- numbers and resume= checked before anything is partitioned or started ------------------
+@pytest.mark.parametrize("overrides,expect", [
+    (["train.batch_size=-1"], "train.batch_size=-1: must be an integer >= 1"),
+    (["train.batch_size=0"], "train.batch_size=0: must be an integer >= 1"),
+    (["train.epochs=0"], "train.epochs=0: must be an integer >= 1"),
+    (["train.lr=0"], "train.lr=0"),
+    (["train.lr=nan"], "train.lr=nan"),
+    (["train.eval_every=0"], "train.eval_every=0"),
+    (["model.dropout=1.5"], "model.dropout=1.5"),
+    (["cluster=netns", "cluster.machines=0"], "cluster.machines=0: must be an integer >= 1"),
+    (["cluster=netns", "cluster.machines=100"], "cluster.machines=100: cluster=netns supports 1..99"),
+    (["cluster=netns", "cluster.trainers_per_machine=0"], "cluster.trainers_per_machine=0"),
+    (["cluster=netns", "cluster.servers_per_machine=-2"], "cluster.servers_per_machine=-2"),
+    (["cluster=netns", "cluster.bandwidth=fast"], "cluster.bandwidth='fast' is not a tc rate"),
+    (["cluster=local", "cluster.bandwidth=1gbit"], "cluster.bandwidth=1gbit: only cluster=netns"),
+    (["cluster.port=70000"], "cluster.port=70000"),
+    (["cluster.hang_timeout_s=-1"], "cluster.hang_timeout_s=-1"),
+    (["cluster.fault_timeout_s=30"], "cluster.stop_grace_s"),
+])
+def test_bad_numbers_are_one_line_naming_the_key(parts, tmp_path, overrides, expect):
+    from degnn.launch.preflight import check_config
+    msg = one_line_error(lambda: check_config(cfg_of(*overrides)))
+    assert expect in msg, msg
+    # make_plan (and so launch) checks them too
+    one_line_error(lambda: make_plan(cfg_of(*overrides), str(tmp_path), parts[1], []))
+
+
+def _cli(tmp_path, *overrides):
+    return subprocess.run([PY, "-m", "degnn.launch", f"partition.root={tmp_path / 'parts'}",
+                           f"dataset.root={tmp_path / 'data'}", f"hydra.run.dir={tmp_path / 'run'}",
+                           *overrides], cwd=REPO, capture_output=True, text=True,
+                          timeout=budget(120))
+
+
+@pytest.mark.parametrize("overrides,expect", [
+    (["train.batch_size=-1"], "train.batch_size=-1"),
+    (["cluster=netns", "cluster.machines=100", "cluster.bandwidth=1gbit"], "cluster.machines=100"),
+    (["resume=/nonexistent/run"], "resume=/nonexistent/run: no such directory"),
+])
+def test_cli_refuses_before_partitioning(tmp_path, overrides, expect):
+    r = _cli(tmp_path, *overrides)
+    assert r.returncode == 2
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("degnn.launch: error:") and expect in lines[0], r.stderr
+    assert not (tmp_path / "parts").exists() and not (tmp_path / "data").exists()
+
+
+def test_cli_resume_with_another_model_is_refused_before_partitioning(tmp_path):
+    import torch
+    prev = tmp_path / "prev"
+    prev.mkdir()
+    torch.save({"model": {}, "optimizer": {}, "state": {"epoch": 1}, "rng": [{}],
+                "config": {"model.hidden": 16, "dataset.name": "synthetic-tiny"}},
+               prev / "checkpoint.pt")
+    r = _cli(tmp_path, f"resume={prev}", "model.hidden=32")
+    assert r.returncode == 2, r.stderr
+    assert (f"{prev / 'checkpoint.pt'} was written with model.hidden=16, this run has "
+            f"model.hidden=32" in r.stderr), r.stderr
+    assert r.stderr.strip().count("\n") == 0 and not (tmp_path / "parts").exists()
+    (prev / "checkpoint.pt").write_bytes(b"\x00garbage")
+    r = _cli(tmp_path, f"resume={prev}")
+    assert r.returncode == 2 and str(prev / "checkpoint.pt") in r.stderr, r.stderr
+    assert r.stderr.strip().count("\n") == 0
+
+
+def test_failure_summary_keeps_the_epochs_done(tmp_path):
+    from degnn.launch.launcher import write_failure
+    from degnn.launch.plan import Proc
+    curve = [{"epoch": 1, "train_time_s": 1.0, "wall_s": 1.5, "loss": 2.0, "val": 0.4, "test": 0.3},
+             {"epoch": 2, "train_time_s": 2.0, "wall_s": 3.0, "loss": 1.5, "val": 0.6, "test": 0.5},
+             {"epoch": 3, "train_time_s": 3.0, "wall_s": 4.5, "loss": 1.2, "val": 0.5, "test": 0.45}]
+    (tmp_path / "curve.jsonl").write_text("".join(json.dumps(c) + "\n" for c in curve))
+    dead = Proc("trainer", 1, 1, [], {}, str(tmp_path / "rank1.log"))
+    s = write_failure(str(tmp_path), cfg_of(), "trainer rank 1 was killed", dead, 2, 2)
+    assert s["status"] == "failed" and s["error"] == "trainer rank 1 was killed"
+    assert (s["epochs"], s["best_val"], s["test"], s["best_epoch"], s["test_final"]) == (3, 0.6, 0.5, 2, 0.45)
+    assert s["train_time_s"] == 3.0 and s["wall_s"] == 4.5
+    # a pipeline that stopped itself keeps its own reason
+    (tmp_path / "summary.json").write_text(json.dumps({"status": "failed", "error": "diverged at epoch 4",
+                                                       "epochs": 3}))
+    s = write_failure(str(tmp_path), cfg_of(), "trainer rank 0 exited with code 1", None, 2, 2)
+    assert s["error"] == "diverged at epoch 4" and s["stopped_by"] == "trainer rank 0 exited with code 1"
+
+
+def test_ssh_preflight_names_the_host_and_the_fix(parts, tmp_path, monkeypatch):
+    # the check command, run by `sh -c` instead of ssh (what the remote shell would run)
+    monkeypatch.setattr(ssh, "ssh_base", lambda host, port=22, user=None: ["sh", "-c"])
+    env = {"PYTHONPATH": str(REPO)}
+    ssh.check_hosts(["10.0.0.1", "10.0.0.2"], PY, [parts[2]], workspace=str(REPO), env=env)
+    msg = one_line_error(lambda: ssh.check_hosts(["10.0.0.1"], PY, [str(tmp_path / "nope.json")],
+                                                 env=env))
+    assert msg.startswith("host 10.0.0.1: cannot read") and "same path" in msg
+    bare = tmp_path / "bare"  # an interpreter without hydra/dgl: what `python3` on a PATH often is
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    msg = one_line_error(lambda: ssh.check_hosts(["10.0.0.2"], str(bare / "bin" / "python"), [parts[2]]))
+    assert msg.startswith("host 10.0.0.2: ") and "cannot import" in msg and "cluster.python=" in msg
+    monkeypatch.setattr(ssh, "ssh_base", lambda host, port=22, user=None: ["sh", "-c", "exit 255", "-"])
+    msg = one_line_error(lambda: ssh.check_hosts(["10.0.0.3"], PY, [parts[2]]))
+    assert msg.startswith("host 10.0.0.3: ssh failed")
+
+
+def test_ctrl_c_while_the_dataset_builds_is_one_line(tmp_path):
+    import signal
+    data = tmp_path / "data"
+    p = subprocess.Popen([PY, "-m", "degnn.launch", "dataset=synthetic-small", f"dataset.root={data}",
+                          f"partition.root={tmp_path / 'parts'}", f"hydra.run.dir={tmp_path / 'run'}"],
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + budget(120)
+        while time.monotonic() < deadline and p.poll() is None and not data.exists():
+            time.sleep(0.05)
+        assert p.poll() is None, p.communicate()[1][-2000:]
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=budget(60))
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert p.returncode == 130 and len(lines) == 1, err[-3000:]
+    assert lines[0] == ("degnn.launch: error: interrupted while preparing the dataset and partitions; "
+                        "nothing was started")

@@ -131,7 +131,7 @@ def test_a_dead_process_stops_the_cluster(part2, tmp_path, who):
     env = {"FAKE_FAIL_RANK": "3"} if who == "trainer" else {"FAKE_FAIL_SERVER": "1"}
     t0 = time.monotonic()
     p = start_launcher(run_dir, part2, "cluster=netns", "cluster.trainers_per_machine=2",
-                       "cluster.fault_timeout_s=30", env={**env, "FAKE_FAIL_AFTER": "3"})
+                       "cluster.stop_grace_s=5", env={**env, "FAKE_FAIL_AFTER": "3"})
     rc, out, err = finish(p, timeout=60)
     took = time.monotonic() - t0
     assert rc != 0
@@ -164,14 +164,36 @@ def test_leftovers_of_a_killed_launcher_are_cleaned(part2, tmp_path):
     deadline = time.monotonic() + budget(30)
     while not (run_dir / "fake_rank1.json").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
-    p.kill()  # no handler runs: namespaces, holders and processes stay
+    p.kill()  # no handler runs: the namespaces and links stay
     p.communicate()
     tag = f"degnn{p.pid}"
     assert [n for n in list_namespaces() if n.startswith(tag)]
-    removed = cleanup_stale()  # what the next launch does first
-    assert f"{tag}m0" in removed and f"{tag}m1" in removed
-    time.sleep(0.5)
+    # processes and holders die with the launcher (parent-death signal)
+    deadline = time.monotonic() + budget(10)
+    while time.monotonic() < deadline and (fake_entry.processes_mentioning(str(run_dir))
+                                           or _holders_of(p.pid)):
+        time.sleep(0.1)
+    assert not fake_entry.processes_mentioning(str(run_dir)) and not _holders_of(p.pid)
+    # what the next launch does first, and `make cleanup`, saying what it removed
+    r = subprocess.run([PY, "-m", "degnn.launch", "--cleanup"], cwd=REPO, capture_output=True,
+                       text=True, timeout=budget(60))
+    assert r.returncode == 0
+    assert f"removed netns/link {tag}m0" in r.stdout and f"removed netns/link {tag}b" in r.stdout, r.stdout
     assert_nothing_left(p.pid, run_dir)
+
+
+def _holders_of(pid: int) -> list:
+    from degnn.launch.isolate import HOLDER_ENV
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                env = Path(f"/proc/{d}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"{HOLDER_ENV}={pid}".encode() in env:
+                out.append(int(d))
+    return out
 
 
 def test_dgl_trainers_attach_to_their_servers_shared_memory(part2, tmp_path):
@@ -268,3 +290,39 @@ def _env_of(pid: int) -> dict:
     except OSError:
         return {}
     return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+
+
+def test_real_trainer_stopped_is_reported_as_hung(tmp_path):
+    """kill -STOP one trainer: within cluster.hang_timeout_s + 10 s the launcher names it, stops
+    the run with status=failed and leaves nothing behind."""
+    run_dir = tmp_path / "run"
+    hang_s = 20
+    p = subprocess.Popen([PY, *REAL, "train.epochs=500", f"cluster.hang_timeout_s={hang_s}",
+                          f"hydra.run.dir={run_dir}"], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + budget(90)
+        victim = None
+        while time.monotonic() < deadline and p.poll() is None and victim is None:
+            log = run_dir / "rank0.log"
+            if log.exists() and "epoch 1:" in log.read_text(errors="replace"):
+                victim = [pid for pid in fake_entry.processes_mentioning(str(run_dir))
+                          if _env_of(pid).get("RANK") == "1" and _env_of(pid).get("DGL_ROLE") == "client"]
+            time.sleep(0.3)
+        assert victim, "training never started"
+        os.kill(victim[0], signal.SIGSTOP)
+        t_stop = time.monotonic()
+        out, err = p.communicate(timeout=budget(hang_s + 60))
+        took = time.monotonic() - t_stop
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode != 0
+    assert (f"trainer rank 1 (machine 1) pid {victim[0]} made no progress for" in err
+            and "process stopped" in err and str(run_dir / "rank1.log") in err), err[-3000:]
+    assert took < hang_s + budget(10), took
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "failed" and "made no progress" in s["error"]
+    assert s["failed_process"]["index"] == 1 and s["epochs"] >= 1  # the epochs done stay
+    assert_nothing_left(p.pid, run_dir)

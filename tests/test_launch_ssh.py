@@ -109,7 +109,7 @@ def test_ssh_cluster_runs(sshd, part2, tmp_path):
 
 
 def test_ssh_fault_kills_remote_processes(sshd, part2, tmp_path):
-    r, run_dir, _, took = run_ssh(sshd, tmp_path, part2, "cluster.fault_timeout_s=30",
+    r, run_dir, _, took = run_ssh(sshd, tmp_path, part2, "cluster.stop_grace_s=5",
                                   env={"DEGNN_FAKE_FAIL_RANK": "2"})
     assert r.returncode != 0
     assert "trainer rank 2 (machine 1)" in r.stderr and "exited with code 1" in r.stderr

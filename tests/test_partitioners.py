@@ -261,7 +261,8 @@ def test_ensure_partitions_caches(graph, tmp_path, monkeypatch):
     ds = DatasetConfig(name="toy", kind="synthetic")
     pc = PartitionConfig(method="supernode", num_parts=2, seed=3, root="parts")
     j = ensure_partitions(ds, pc)
-    assert j == tmp_path / "parts" / "toy" / "supernode-k2-s3" / "toy.json" == cache_dir(ds, pc) / "toy.json"
+    assert cache_dir(ds, pc).name.startswith("supernode-k2-s3-")
+    assert j == tmp_path / "parts" / "toy" / cache_dir(ds, pc).name / "toy.json" == cache_dir(ds, pc) / "toy.json"
     assert partitioners.is_complete(j.parent) and calls == ["toy"]
     stamp = {p: p.stat().st_mtime_ns for p in j.parent.rglob("*")}
     assert ensure_partitions(ds, pc) == j
@@ -272,12 +273,14 @@ def test_ensure_partitions_caches(graph, tmp_path, monkeypatch):
     assert ensure_partitions(ds, pc) == j and calls == ["toy", "toy"]
     # other settings that change the result (num_supernodes) are a miss too
     pc.num_supernodes = 50
-    ensure_partitions(ds, pc)
+    j50 = ensure_partitions(ds, pc)
     assert calls == ["toy"] * 3
-    assert json.loads(j.read_text())["degnn"]["num_supernodes"] == 50
+    # in a folder of its own: a run reading the first one is never handed the other's files
+    assert j50.parent != j.parent and json.loads(j.read_text())["degnn"]["num_supernodes"] != 50
+    assert json.loads(j50.read_text())["degnn"]["num_supernodes"] == 50
     # a different K is a different folder
     pc2 = PartitionConfig(method="random", num_parts=3, seed=0, root=str(tmp_path / "parts"))
-    assert ensure_partitions(ds, pc2).parent.name == "random-k3-s0"
+    assert ensure_partitions(ds, pc2).parent.name.startswith("random-k3-s0-")
     with pytest.raises(PartitionError, match="at least 1"):
         ensure_partitions(ds, PartitionConfig(method="random", num_parts=0, root="parts"))
 

@@ -158,6 +158,28 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     assert json.loads((run2 / "summary.json").read_text())["epochs"] == target
 
 
+def test_diverging_run_stops_failed_with_valid_curve(tmp_path):
+    """A learning rate that blows the loss up: status=failed, error=diverged at epoch N, exit != 0,
+    curve.jsonl without a bare NaN, nothing left running."""
+    run_dir = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "degnn.launch", "cluster=local", f"cluster.port={free_port()}",
+                        "dataset=synthetic-tiny", "model.hidden=16", "model.fanouts=[5,5]", "train.lr=1e30",
+                        "train.epochs=6", f"dataset.root={tmp_path / 'data'}", f"partition.root={tmp_path / 'parts'}",
+                        f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True, text=True,
+                       timeout=budget(240))
+    assert r.returncode != 0
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "failed" and s["error"].startswith("diverged at epoch "), s
+    n = int(s["error"].split()[3].rstrip(":"))
+    assert 1 <= n <= 6 and s["epochs"] == n - 1
+    assert f"run failed: diverged at epoch {n}" in r.stderr
+
+    def no_constants(name):
+        raise ValueError(name)
+    curve = [json.loads(l, parse_constant=no_constants) for l in (run_dir / "curve.jsonl").read_text().splitlines()]
+    assert [c["epoch"] for c in curve] == list(range(1, n + 1)) and curve[-1]["loss"] is None
+
+
 def test_entry_without_launcher_says_how_to_start(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DGL_", "RANK", "WORLD_SIZE", "MASTER_"))}
     p = subprocess.run([sys.executable, "-m", "degnn.train", f"hydra.run.dir={tmp_path}"], cwd=REPO, env=env,

@@ -139,11 +139,27 @@ def edge_homophily(g: dgl.DGLGraph, label: torch.Tensor) -> float:
 _NODE_KEYS = ("feat", "label", "train_mask", "val_mask", "test_mask")
 
 
+def check_finite(name: str, ndata: Dict[str, torch.Tensor]) -> None:
+    """NaN or infinite features/labels make every loss NaN: refuse them when the data loads."""
+    for key in ("feat", "label"):
+        x = ndata.get(key)
+        if x is None or not x.is_floating_point():
+            continue
+        bad = ~torch.isfinite(x)
+        if bool(bad.any()):
+            rows = bad.reshape(len(x), -1).any(dim=1)
+            first = int(rows.nonzero()[0, 0])
+            raise DatasetError(f"dataset {name}: node data '{key}' holds NaN or infinite values in "
+                               f"{int(rows.sum())} of {len(x)} rows (first: node {first}); "
+                               f"fix or drop those nodes")
+
+
 def finalize(data: GraphData, to_bidirected: bool) -> GraphData:
     """Normalize dtypes, keep only the standard ndata and optionally make the graph bidirected."""
     g = data.graph
     keys = _NODE_KEYS if data.task == "node" else ("feat",)
     nd = {k: g.ndata[k] for k in keys if k in g.ndata}
+    check_finite(data.name, nd)
     nd["feat"] = nd["feat"].float()
     if "label" in nd:
         nd["label"] = nd["label"].reshape(-1).long()

@@ -244,17 +244,52 @@ def read_link(name: str, dir_path: str, meta: Optional[Dict[str, object]] = None
     return ds, graph, split
 
 
-def read_edge_split(dir_path: str, split_name: str) -> Dict[str, Dict[str, torch.Tensor]]:
-    """Like ogb's get_edge_split, but works with torch>=2.6's weights_only default.
+def _numpy_safe_globals() -> list:
+    """What a pickled numeric numpy array refers to, for torch.load(weights_only=True).
 
-    OGB's own citation2 files (train/valid/test.pt) are pickled dicts of numpy arrays, which
-    torch.load(weights_only=True) refuses; they come from OGB's official zip, so we load them
-    with weights_only=False. Our own split_dict.pt holds tensors only and loads safely.
+    Both spellings of numpy's array reconstructor: files written with numpy 1.x (OGB's own) name
+    `numpy.core.multiarray._reconstruct`, numpy 2.x names `numpy._core...`. Arrays of Python
+    objects still go through the weights-only unpickler element by element."""
+    core = getattr(np, "_core", None) or np.core
+    rec = core.multiarray._reconstruct
+    out = [np.ndarray, np.dtype, (rec, "numpy.core.multiarray._reconstruct"),
+           (rec, "numpy._core.multiarray._reconstruct")]
+    for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+              np.uint64, np.float16, np.float32, np.float64):
+        out.append(type(np.dtype(t)))
+    return out
+
+
+def load_split_file(path: str):
+    """A split file (tensors or numeric numpy arrays in dicts) with torch.load(weights_only=True):
+    a file from someone else cannot run code when loaded."""
+    import pickle
+
+    try:
+        with torch.serialization.safe_globals(_numpy_safe_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        import re
+
+        m = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        what = f"refers to {m.group(1)}" if m else "is not a plain pickle of tensors or arrays"
+        raise DatasetError(f"split file {path} {what} (refused: loading it could run code); "
+                           f"replace it with OGB's original file or re-create the dataset") from None
+    except (RuntimeError, EOFError, ValueError) as exc:
+        raise DatasetError(f"split file {path} is truncated or damaged ({type(exc).__name__}); "
+                           f"replace it with OGB's original file or re-create the dataset") from None
+
+
+def read_edge_split(dir_path: str, split_name: str) -> Dict[str, Dict[str, torch.Tensor]]:
+    """Like ogb's get_edge_split, with torch.load(weights_only=True) for every file.
+
+    OGB's own citation2 files (train/valid/test.pt) are pickled dicts of numpy arrays; numeric
+    numpy arrays are allowed (load_split_file), nothing else. Our own split_dict.pt holds tensors.
     """
     sdir = osp.join(dir_path, "split", split_name)
     sd = osp.join(sdir, "split_dict.pt")
     if osp.isfile(sd):
-        split = torch.load(sd, weights_only=True)
+        split = load_split_file(sd)
     else:
         split = {}
         for part in ("train", "valid", "test"):
@@ -262,6 +297,6 @@ def read_edge_split(dir_path: str, split_name: str) -> Dict[str, Dict[str, torch
             if not osp.isfile(p):
                 raise DatasetError(f"edge split file {p} missing; put OGB's split/{split_name}/ folder there "
                                    f"or delete {dir_path} to re-download")
-            split[part] = torch.load(p, weights_only=False)
+            split[part] = load_split_file(p)
     return {part: {k: (torch.from_numpy(np.asarray(v)) if not torch.is_tensor(v) else v) for k, v in d.items()}
             for part, d in split.items()}

@@ -21,6 +21,7 @@ from degnn.models import check_model_config
 from degnn.pipelines import get_pipeline
 
 from .plan import LaunchError
+from .preflight import check_config, check_resume_dir
 
 register_configs()
 
@@ -55,9 +56,12 @@ def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
     try:
-        machines_of(cfg.cluster)  # cheap checks first: no partitioning for a run that cannot start
+        # cheap checks first: no partitioning for a run that cannot start
+        check_config(cfg)
+        machines = machines_of(cfg.cluster)
         get_pipeline(cfg.pipeline.name)
         check_model_config(cfg.model)
+        check_resume_dir(cfg, len(machines) * cfg.cluster.trainers_per_machine)
     except (LaunchError, NotImplementedError, ValueError) as e:
         _fail(str(e))
     try:
@@ -66,6 +70,8 @@ def main(cfg: DictConfig) -> None:
         _fail(f"partitioners.ensure_partitions is not available ({_one_line(e)})")
     try:
         part_config = ensure_partitions(cfg.dataset, cfg.partition)
+    except KeyboardInterrupt:
+        _fail("interrupted while preparing the dataset and partitions; nothing was started", 130)
     except Exception as e:  # the partitioner's own message (dataset missing, bad method, ...)
         _fail(_one_line(e))
     _print_partition_report(part_config)
@@ -81,6 +87,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--cleanup"]:  # leftovers of launchers that are gone (degnn/launch/cleanup.py)
+        from .cleanup import main as cleanup_main
+        sys.exit(cleanup_main())
     # name the job (Hydra would call it "__main__": <run dir>/__main__.log)
     if not any(a.startswith("hydra.job.name=") for a in sys.argv[1:]):
         sys.argv.append("hydra.job.name=launch")

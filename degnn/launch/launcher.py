@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,10 +19,13 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from .netns import NetnsCluster
-from degnn.metrics import result_line
+from degnn.metrics import progress_of, result_line
 
 from .plan import (DEFAULT_ENTRY, LaunchError, Plan, absolute_overrides, build_plan, entry_argv,
                    read_part_config)
+from .cleanup import cleanup_all
+from .isolate import PrivateMachine, SharedShmLock, can_isolate
+from .preflight import check_config
 from .supervisor import Supervisor
 from . import ssh
 
@@ -80,6 +84,7 @@ def make_plan(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str]
               entry: str = DEFAULT_ENTRY, master_port: Optional[int] = None,
               ifname: Optional[str] = None) -> Plan:
     """Preflight checks that need no machine, then the plan (pure apart from reading files)."""
+    check_config(cfg)
     cl = cfg.cluster
     machines = machines_of(cl)
     num_parts = read_part_config(part_config)
@@ -89,8 +94,9 @@ def make_plan(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str]
                           f"{part_config}: one partition per machine")
     run_dir = os.path.abspath(run_dir)
     overrides = absolute_overrides(task_overrides, run_dir, cfg.dataset.root, cfg.partition.root)
-    # ssh: the remote python is whatever `python3` is there (DGL's launch.py convention)
-    python = "python3" if cl.kind == "ssh" else None
+    # ssh: the launcher's own interpreter (the same paths on every host are assumed anyway:
+    # `python3` on a remote PATH is rarely the venv that has degnn); cluster.python overrides
+    python = (cl.get("python") or sys.executable) if cl.kind == "ssh" else None
     if master_port is None:
         master_port = cl.port - 1 if cl.kind == "ssh" else free_port()
     if ifname is None and cl.kind == "netns":
@@ -145,7 +151,14 @@ def write_failure(run_dir: str, cfg, message: str, failed=None, machines=None,
     base = {"pipeline": cfg.pipeline.name, "variant": cfg.pipeline.get("variant"),
             "dataset": cfg.dataset.name, "machines": machines, "trainers": trainers,
             "net_bytes_total": None, "net_bytes_per_batch": None}
-    summary = {**base, **summary, "status": "failed", "error": message}
+    # a pipeline that stopped itself (e.g. diverged) wrote why; that is the error to report
+    own = summary.get("error") if summary.get("status") == "failed" else None
+    summary = {**base, **summary, "status": "failed", "error": own or message}
+    if own and own != message:
+        summary["stopped_by"] = message
+    for k, v in progress_of(run_dir).items():  # the epochs done stay in the summary
+        if summary.get(k) is None:
+            summary[k] = v
     if failed is not None:
         summary["failed_process"] = {"role": failed.role, "index": failed.index,
                                      "machine": failed.machine, "log": failed.log}
@@ -165,10 +178,16 @@ def launch(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str],
     if cl.dry_run:
         print(plan.render(), file=out, flush=True)
         return 0
-    if cl.kind == "local":
+    if cl.kind == "local" and not isolated(cl):  # a private machine has ports of its own
         check_ports_free(plan.machines[0][0],
                          [plan.machines[0][1] + j for j in range(cl.servers_per_machine)])
+    for what in cleanup_all():  # leftovers of launchers that are gone (SIGKILLed)
+        say(f"removed {what}")
     os.makedirs(run_dir, exist_ok=True)
+    # a summary left by an earlier run in this directory (resume into it) must not be merged
+    # into this run's failure summary
+    Path(run_dir, "summary.json").unlink(missing_ok=True)
+    shutil.rmtree(os.path.join(run_dir, "heartbeat"), ignore_errors=True)  # an earlier run's
     global _log_path
     _log_path = os.path.join(run_dir, "launch.log")
     # SIGTERM anywhere (also while the machines are built or torn down) unwinds like Ctrl-C, so
@@ -182,6 +201,24 @@ def launch(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str],
         _log_path = None
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
+
+
+def isolated(cluster) -> bool:
+    """Whether this cluster=local run gets a private machine (cluster.isolate, default: if it can)."""
+    want = cluster.get("isolate")
+    if want is None:
+        return can_isolate()
+    if want and not can_isolate():
+        raise LaunchError("cluster.isolate=true needs root and unshare, nsenter and ip "
+                          "(iproute2); set cluster.isolate=false to share the host's /dev/shm")
+    return bool(want)
+
+
+def _graph_name(plan: Plan) -> Optional[str]:
+    try:
+        return json.loads(Path(plan.procs[0].env["DGL_CONF_PATH"]).read_text())["graph_name"]
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
 
 
 def _raise_interrupt(signum, frame):
@@ -206,8 +243,19 @@ def _run(cfg, plan: Plan, run_dir: str, out) -> int:
                 + (f", {cl.bandwidth} per link" if cl.bandwidth else ""))
             command = lambda p: [*net.prefix(p.machine, cwd), *p.argv]
             counters = net.counters
+        elif cl.kind == "local" and isolated(cl):
+            machine = stack.enter_context(PrivateMachine())
+            say("local machine in private network, /dev/shm and IPC namespaces "
+                f"(holder pid {machine.holder.pid})")
+            command = lambda p: [*machine.prefix(cwd), *p.argv]
+        elif cl.kind == "local":
+            stack.enter_context(SharedShmLock(run_dir, _graph_name(plan)))
         elif cl.kind == "ssh":
             forward = ssh.forwarded_env()
+            ssh.check_hosts(ssh.hosts_of(plan.machines), plan.procs[0].argv[0],
+                            [plan.procs[0].env["DGL_CONF_PATH"], plan.ip_config],
+                            workspace=cl.workspace, port=cl.ssh_port, user=cl.ssh_user,
+                            env={"PYTHONPATH": plan.procs[0].env["PYTHONPATH"]})
             command = lambda p: ssh.ssh_argv(p, plan.machines[p.machine][0],
                                              workspace=cl.workspace, port=cl.ssh_port,
                                              user=cl.ssh_user, extra_env=forward)
@@ -220,7 +268,7 @@ def _run(cfg, plan: Plan, run_dir: str, out) -> int:
             on_stop = kill_remote
         start = counters() if counters else None
         sup = Supervisor(plan, command=command, on_stop=on_stop, cwd=cwd,
-                         fault_timeout_s=cl.fault_timeout_s,
+                         stop_grace_s=cl.stop_grace_s, hang_timeout_s=cl.hang_timeout_s,
                          console=getattr(out, "buffer", None), say=say)
         say(f"{len(plan.procs)} processes ({len(plan.servers())} servers, "
             f"{len(plan.trainers())} trainers); logs in {run_dir}")
@@ -229,8 +277,10 @@ def _run(cfg, plan: Plan, run_dir: str, out) -> int:
         say(f"{len(plan.procs)} processes started in {outcome.started_s:.2f}s, "
             f"stopped in {outcome.stop_s:.2f}s")
     if not outcome.ok:
-        write_failure(run_dir, cfg, outcome.message, outcome.failed, len(plan.machines),
-                      len(plan.trainers()))
+        failure = write_failure(run_dir, cfg, outcome.message, outcome.failed, len(plan.machines),
+                                len(plan.trainers()))
+        if failure["error"] != outcome.message:
+            say(f"run failed: {failure['error']}")
         return outcome.returncode if outcome.returncode and outcome.returncode > 0 else 1
     summary = finalize_summary(run_dir, start, end)
     if summary is None:

@@ -27,6 +27,7 @@ from typing import List, Optional, Tuple
 
 from degnn.proc import pid_alive
 
+from .isolate import HOLDER_ENV, _die_with_parent
 from .plan import LaunchError
 
 PREFIX = "degnn"
@@ -194,10 +195,13 @@ class NetnsCluster:
         script = (f"mount -t tmpfs -o size={self.shm_size} tmpfs /dev/shm "
                   f"&& mount --bind {shlex.quote(hosts)} /etc/hosts "
                   f"&& hostname {self.hostname(machine)} && echo ready && exec sleep infinity")
+        # dies with the launcher (parent-death signal survives the exec chain), so a SIGKILLed
+        # launcher leaves no holder (the namespaces and links stay until degnn/launch/cleanup.py)
         p = subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "--mount", "--ipc", "--uts",
                               "--propagation", "private", "sh", "-c", script],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             stdin=subprocess.DEVNULL, start_new_session=True)
+                             stdin=subprocess.DEVNULL, start_new_session=True,
+                             preexec_fn=_die_with_parent, env={**os.environ, HOLDER_ENV: str(os.getpid())})
         ready, _, _ = select.select([p.stdout], [], [], 10)
         line = p.stdout.readline() if ready else b""
         if line.strip() != b"ready":

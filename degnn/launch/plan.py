@@ -27,6 +27,7 @@ MANAGED_PREFIXES = ("DGL_",)
 MANAGED_KEYS = (
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
     "MASTER_PORT", "GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS", "DEGNN_LAUNCHED",
+    "DEGNN_LAUNCHER_PID", "DEGNN_HOLDER_OF",
 )
 
 # the repository root (parent of the degnn package): on PYTHONPATH so `-m degnn.train` resolves
@@ -51,6 +52,11 @@ class Proc:
     @property
     def name(self) -> str:
         return f"server{self.index}" if self.role == "server" else f"rank{self.index}"
+
+    @property
+    def heartbeat(self) -> str:
+        """The file the process touches while it makes progress (degnn/runtime/heartbeat.py)."""
+        return os.path.join(os.path.dirname(self.log), "heartbeat", self.name)
 
     def describe(self) -> str:
         what = f"server {self.index}" if self.role == "server" else f"trainer rank {self.index}"

@@ -9,7 +9,12 @@ directory, which is on every command line).
 
 DEGNN_* variables of the launcher's environment are exported to every remote process too.
 
-Tested against a local sshd on 127.0.0.1/127.0.0.2 (tests/test_launch_ssh.py), not real hosts (no sshd); the command construction is unit-tested.
+Every process runs the launcher's own interpreter (`sys.executable`; `cluster.python` overrides),
+and before anything starts `check_hosts` makes sure every host can import degnn, dgl and hydra
+with it and read the partition and ip_config files.
+
+Tested against a local sshd on 127.0.0.1/127.0.0.2 (tests/test_launch_ssh.py) when openssh-server is
+installed, not against real hosts; the command construction is unit-tested.
 """
 from __future__ import annotations
 
@@ -65,6 +70,55 @@ def remote_command(proc: Proc, workspace: Optional[str],
 def ssh_argv(proc: Proc, host: str, *, workspace: Optional[str], port: int = 22,
              user: Optional[str] = None, extra_env: Optional[Dict[str, str]] = None) -> List[str]:
     return [*ssh_base(host, port, user), remote_command(proc, workspace, extra_env)]
+
+
+# run on every host before anything starts: the interpreter imports what the processes need and
+# the files they read are there (a shared file system at the same paths)
+CHECK = ("import importlib, sys\n"
+         "for m in ('degnn', 'dgl', 'hydra'):\n"
+         "    try: importlib.import_module(m)\n"
+         "    except Exception as e: sys.exit(f'cannot import {m} ({type(e).__name__}: {e})')\n"
+         "import os\n"
+         "for f in sys.argv[1:]:\n"
+         "    if not os.access(f, os.R_OK): sys.exit(f'cannot read {f}')\n")
+
+
+def check_argv(host: str, python: str, files: Sequence[str], *, workspace: Optional[str] = None,
+               port: int = 22, user: Optional[str] = None,
+               env: Optional[Dict[str, str]] = None) -> List[str]:
+    cd = f"cd {shlex.quote(workspace)} && " if workspace else ""
+    exports = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
+    cmd = f"{cd}{exports}{shlex.quote(python)} -c {shlex.quote(CHECK)} {' '.join(shlex.quote(f) for f in files)}"
+    return [*ssh_base(host, port, user), cmd]
+
+
+def check_hosts(hosts: Sequence[str], python: str, files: Sequence[str], *,
+                workspace: Optional[str] = None, port: int = 22, user: Optional[str] = None,
+                env: Optional[Dict[str, str]] = None, timeout: float = 120) -> None:
+    """Every host can run `python` with degnn, dgl and hydra and read `files`; else one line
+    naming the host and the fix (LaunchError)."""
+    import subprocess
+
+    for host in dict.fromkeys(hosts):
+        argv = check_argv(host, python, files, workspace=workspace, port=port, user=user, env=env)
+        try:
+            r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                               timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise LaunchError(f"host {host}: no answer over ssh within {timeout:.0f}s; check that "
+                              f"it is up and reachable on port {port}")
+        if r.returncode == 0:
+            continue
+        lines = [l for l in (r.stderr or r.stdout).strip().splitlines() if l.strip()]
+        why = lines[-1] if lines else f"exit code {r.returncode}"
+        if r.returncode == 255:  # ssh itself failed
+            raise LaunchError(f"host {host}: ssh failed ({why}); check cluster.ssh_port, "
+                              f"cluster.ssh_user and that key-based login works (BatchMode)")
+        if why.startswith("cannot read"):
+            raise LaunchError(f"host {host}: {why}; the run directory and partitions must be on "
+                              f"a file system every host sees at the same path")
+        raise LaunchError(f"host {host}: {python}: {why}; install degnn there (same path) or set "
+                          f"cluster.python=<an interpreter that has degnn, dgl and hydra>")
 
 
 def run_pattern(run_dir: str) -> str:

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, IO, List, Optional
 
+from .hang import HangWatch, process_state
 from .plan import Plan, Proc, child_env
 
 
@@ -105,7 +106,7 @@ def _copy(src: IO[bytes], log: IO[bytes], console: IO[bytes]) -> None:
 class Supervisor:
     def __init__(self, plan: Plan, command: Callable[[Proc], List[str]] = lambda p: p.argv,
                  on_stop: Optional[Callable[[], None]] = None, cwd: Optional[str] = None,
-                 fault_timeout_s: float = 60, poll_s: float = 0.5,
+                 stop_grace_s: float = 5.0, poll_s: float = 0.5, hang_timeout_s: float = 0,
                  server_grace_s: float = 30, console: Optional[IO[bytes]] = None,
                  tee_rank: Optional[int] = 0, say: Callable[[str], None] = None):
         self.plan = plan
@@ -114,7 +115,9 @@ class Supervisor:
         # extra stopping work (ssh: kill the remote processes, which ssh does not forward to)
         self.on_stop = on_stop
         self.cwd = cwd or os.getcwd()
-        self.fault_timeout_s = fault_timeout_s
+        # SIGTERM -> SIGKILL grace when stopping; no progress for hang_timeout_s = hung (0: off)
+        self.stop_grace_s = stop_grace_s
+        self.hang_timeout_s = hang_timeout_s
         self.poll_s = poll_s
         self.server_grace_s = server_grace_s
         self.console = console if console is not None else sys.stdout.buffer
@@ -128,7 +131,8 @@ class Supervisor:
         log = open(proc.log, "ab")
         tee = proc.role == "trainer" and proc.index == self.tee_rank
         popen = subprocess.Popen(
-            self.command(proc), env=child_env(proc.env), cwd=self.cwd,
+            self.command(proc), env=child_env({**proc.env, "DEGNN_LAUNCHER_PID": str(os.getpid())}),
+            cwd=self.cwd,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if tee else log,
             stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
         r = Running(proc, popen, log)
@@ -183,7 +187,7 @@ class Supervisor:
                 handlers[s] = signal.signal(s, on_signal)
         t0 = time.monotonic()
         out = Outcome(ok=False)
-        grace = max(1.0, min(5.0, self.fault_timeout_s / 4))
+        grace = self.stop_grace_s
         try:
             # servers first, as launch.py does; DGL clients retry their connection anyway
             for proc in self.plan.servers() + self.plan.trainers():
@@ -215,6 +219,7 @@ class Supervisor:
         servers = [r for r in self.running if r.proc.role == "server"]
         done_at: Optional[float] = None
         warned = set()
+        hang = HangWatch(self.hang_timeout_s) if self.hang_timeout_s else None
         while True:
             failed = []
             for r in self.running:
@@ -245,7 +250,23 @@ class Supervisor:
                              f"{self.server_grace_s:.0f}s, terminating them")
                     out.ok = True
                     return out
+            hung = hang.check(self.running) if hang is not None and done_at is None else None
+            if hung is not None:
+                return self._hung(out, *hung)
             time.sleep(self.poll_s)
+
+    def _hung(self, out: Outcome, r: Running, age: float) -> Outcome:
+        p = r.proc
+        state = process_state(r.popen.pid)
+        out.failed, out.returncode = p, None
+        out.message = (f"{p.describe()} pid {r.popen.pid} made no progress for {age:.0f}s "
+                       f"(cluster.hang_timeout_s={self.hang_timeout_s:g}"
+                       f"{', process ' + state if state else ''}); log: {p.log}; "
+                       f"stopping every process")
+        self.say(out.message)
+        for line in _tail(p.log):
+            self.say(f"  {p.name}| {line}")
+        return out
 
     def _fault(self, out: Outcome, r: Running, rc: int) -> Outcome:
         p = r.proc

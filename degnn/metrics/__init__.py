@@ -1,11 +1,12 @@
 """Run output: byte counters, the evaluation curve (curve.jsonl) and the run summary (summary.json).
 
 File names and summary keys are a contract with the launcher, the benchmarks and the tests
-(DESIGN.md, "A run's output"): keep them stable.
+(docs/design.md, "The run directory"): keep them stable.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -62,9 +63,32 @@ class WireCounter:
         return cls(os.environ.get("GLOO_SOCKET_IFNAME"))
 
 
+def finite_or_none(value):
+    """JSON has no NaN/Infinity: a non-finite number is written as null (also inside lists/dicts)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
+def _line(record: dict) -> str:
+    return json.dumps(finite_or_none(record), allow_nan=False) + "\n"
+
+
 def append_curve(run_dir: Path, record: dict) -> None:
     with open(Path(run_dir) / CURVE_FILE, "a") as f:
-        f.write(json.dumps(record) + "\n")
+        f.write(_line(record))
+
+
+def write_curve(run_dir: Path, records: list) -> None:
+    """Replace curve.jsonl with `records` (a resumed run's finished epochs)."""
+    path = Path(run_dir) / CURVE_FILE
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(_line(r) for r in records))
+    os.replace(tmp, path)
 
 
 def read_curve(run_dir: Path) -> list:
@@ -74,10 +98,32 @@ def read_curve(run_dir: Path) -> list:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def progress_of(run_dir: Path) -> dict:
+    """What curve.jsonl says a run got done: the summary keys of a run that stopped early.
+
+    `epochs` counts finished epochs (a diverged epoch is logged but not finished); best_val and
+    test are taken at the best validation point, as the pipelines do."""
+    try:
+        curve = read_curve(run_dir)
+    except (OSError, ValueError):
+        return {}
+    done = [r for r in curve if not r.get("diverged") and "epoch" in r]
+    if not done:
+        return {}
+    evals = [r for r in done if r.get("val") is not None]
+    out = {"epochs": done[-1]["epoch"], "train_time_s": done[-1].get("train_time_s"),
+           "wall_s": done[-1].get("wall_s")}
+    if evals:
+        best = max(evals, key=lambda r: r["val"])  # the first of equal values
+        out.update(best_val=best["val"], test=best.get("test"), best_epoch=best["epoch"],
+                   test_final=evals[-1].get("test"))
+    return out
+
+
 def write_json_atomic(path: Path, data: dict) -> None:
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps(finite_or_none(data), indent=2, sort_keys=True, allow_nan=False) + "\n")
     os.replace(tmp, path)
 
 

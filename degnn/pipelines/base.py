@@ -7,6 +7,7 @@ epoch-shaped (TMA's time-based rounds) overrides `run`.
 """
 from __future__ import annotations
 
+import math
 import os
 import random
 import resource
@@ -20,20 +21,37 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from degnn.metrics import WireCounter, append_curve, read_curve, write_summary
-
-CHECKPOINT = "checkpoint.pt"
-BEST_MODEL = "best_model.pt"
+from degnn.metrics import WireCounter, append_curve, read_curve, write_curve, write_summary
+from degnn.runtime.checkpoint import (BEST_MODEL, CHECKPOINT, CheckpointError, check_resume,
+                                      config_identity)
 
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    # tensors and plain numbers only: checkpoints are read with torch.load(weights_only=True)
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, words, gauss_next = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "gauss": float(gauss)},
+            "python": {"version": version, "state": torch.tensor(words, dtype=torch.int64),
+                       "gauss": gauss_next}}
 
 
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["gauss"]))
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(w) for w in py["state"].tolist()), py["gauss"]))
+
+
+def diverged(loss: float, batches: int) -> bool:
+    """Whether any trainer's epoch loss is not finite (one all-reduce; every rank gets the answer)."""
+    flag = torch.tensor([1 if batches and not math.isfinite(loss) else 0])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def broadcast_object(obj, src: int = 0):
@@ -103,11 +121,8 @@ class Pipeline:
     def _load_resume(self) -> Optional[dict]:
         if not self.cfg.resume:
             return None
-        path = Path(self.cfg.resume) / CHECKPOINT
-        if not path.exists():
-            raise FileNotFoundError(f"resume={self.cfg.resume}: no {CHECKPOINT} there; "
-                                    f"pass the run directory of a run that finished at least one epoch")
-        return torch.load(path, map_location="cpu", weights_only=False)
+        # the launcher ran the same checks before starting anything (DGL's launch.py does not)
+        return check_resume(self.cfg, self.ctx.world_size)
 
     def run(self) -> dict:
         ctx, cfg = self.ctx, self.cfg
@@ -115,11 +130,17 @@ class Pipeline:
         self.setup()
         state = {"epoch": 0, "best_val": None, "best_test": None, "best_epoch": None, "test_final": None,
                  "train_time_s": 0.0, "epoch_times": [], "batches": 0, "bad_evals": 0, "bytes": {},
-                 "wire_train_bytes": 0}
+                 "wire_train_bytes": 0, "wall_s": 0.0}
         ckpt = self._load_resume()
         if ckpt is not None:
-            self.model.load_state_dict(ckpt["model"])
-            self.optimizer.load_state_dict(ckpt["optimizer"])
+            try:
+                self.model.load_state_dict(ckpt["model"])
+                self.optimizer.load_state_dict(ckpt["optimizer"])
+            except (RuntimeError, ValueError, KeyError) as e:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise CheckpointError(f"resume={cfg.resume}: {CHECKPOINT} does not fit this model "
+                                      f"({first[:150]}); resume with the config of the run that "
+                                      f"wrote it") from None
             state.update(ckpt["state"])
             set_rng_state(ckpt["rng"][ctx.rank])
             self.batches = state["batches"]
@@ -127,15 +148,17 @@ class Pipeline:
             for k, v in state["bytes"].items():
                 ctx.counter.add(k, v)
             if ctx.is_rank0:
-                # the curve continues: keep the finished epochs of the run we resume
-                for rec in read_curve(Path(cfg.resume)):
-                    if rec["epoch"] <= state["epoch"]:
-                        append_curve(run_dir, rec)
+                # the curve continues: the finished epochs of the run we resume, each once (also
+                # when resuming into its own directory, whose curve may hold later epochs)
+                kept = {rec["epoch"]: rec for rec in read_curve(Path(cfg.resume))
+                        if rec["epoch"] <= state["epoch"]}
+                write_curve(run_dir, [kept[e] for e in sorted(kept)])
                 self.log.info("resumed from %s after epoch %d", cfg.resume, state["epoch"])
         if ctx.is_rank0:
             (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
 
-        wall0 = time.time()
+        wall0 = time.time() - state["wall_s"]  # wall time continues after a resume
+        ctx.heartbeat.progress_mode()  # from here a trainer that stops beating is hung
         start_epoch = state["epoch"]
         for epoch in range(start_epoch + 1, cfg.train.epochs + 1):
             progress = None
@@ -151,13 +174,23 @@ class Pipeline:
                 self.wire_train_bytes += wire1 - wire0
             if progress is not None:
                 progress.close()
+            if diverged(loss, nb):
+                state["error"] = (f"diverged at epoch {epoch}: the training loss is not finite; "
+                                  f"lower train.lr or check the data")
+                self.log.error(state["error"])
+                if ctx.is_rank0:
+                    append_curve(run_dir, {"epoch": epoch, "loss": None, "diverged": True,
+                                           "wall_s": round(time.time() - wall0, 3)})
+                break  # the last checkpoint stays the last good state
             self.batches += nb
             state["train_time_s"] += dt
             state["epoch_times"].append(dt)
             state["epoch"] = epoch
+            state["wall_s"] = time.time() - wall0
             record = {"epoch": epoch, "train_time_s": round(state["train_time_s"], 3),
-                      "wall_s": round(time.time() - wall0, 3), "loss": loss}
+                      "wall_s": round(state["wall_s"], 3), "loss": loss}
             stop = False
+            ctx.heartbeat.beat()
             if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs:
                 val, test = self.evaluate()
                 record.update(val=val, test=test)
@@ -184,11 +217,11 @@ class Pipeline:
                 if ctx.is_rank0:
                     self._checkpoint(run_dir / CHECKPOINT, {
                         "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                        "state": dict(state), "rng": rngs})
+                        "state": dict(state), "rng": rngs, "config": config_identity(cfg)})
             if stop:
                 self.log.info("early stop: no better validation for %d evaluations", cfg.train.patience)
                 break
-        if state["best_val"] is None:  # e.g. resumed a finished run
+        if state["best_val"] is None and not state.get("error"):  # e.g. resumed a finished run
             val, test = self.evaluate()
             state.update(best_val=val, best_test=test, test_final=test, best_epoch=state["epoch"])
         return self._summary(state)
@@ -231,9 +264,13 @@ class Pipeline:
             "net_bytes_per_batch": wire / batches if (on_netns and batches) else None,
             "net_bytes_total": None,  # filled in by the launcher from the veth counters
             "peak_rss_mb_trainer": round(max(r["rss_mb"] for r in ranks), 1),
-            # a run that fails never gets here: the launcher writes its summary (status failed)
-            "status": "ok",
+            "wall_s": round(state["wall_s"], 3),
+            # a run whose processes fail never gets here (the launcher writes its summary); one
+            # that stops on its own (diverged) says why
+            "status": "failed" if state.get("error") else "ok",
         }
+        if state.get("error"):
+            summary["error"] = state["error"]
         summary.update(self.extra_summary())
         if ctx.is_rank0:
             write_summary(ctx.run_dir, summary)

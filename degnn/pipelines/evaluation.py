@@ -61,6 +61,7 @@ class DistEvaluator:
                 self.ctx.counter.add("eval", remote_rows(self.pb, input_nodes) * row_bytes)
                 h = self.model.layer_forward(i, blocks[0], x[input_nodes])
                 out[output_nodes] = h
+                self.ctx.heartbeat.beat()
             self.g.barrier()
             x = out
         self.model.train()

@@ -8,6 +8,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from degnn.metrics import ByteCounter
+from degnn.runtime.heartbeat import NULL, Heartbeat
 
 
 @dataclass
@@ -22,6 +23,8 @@ class RunContext:
     graph: object  # dgl.distributed.DistGraph
     log: logging.Logger
     counter: ByteCounter = field(default_factory=ByteCounter)
+    # beat() per batch and per epoch: the launcher's hang detection (degnn/runtime/heartbeat.py)
+    heartbeat: Heartbeat = NULL
 
     @property
     def is_rank0(self) -> bool:

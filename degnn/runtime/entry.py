@@ -1,6 +1,6 @@
 """The per-process entry: every process of a run (graph servers and trainers) runs this.
 
-DGL's contract (DESIGN.md, "Processes"): all processes run the same command line; the role comes
+DGL's contract (docs/design.md, "Processes and roles"): all processes run the same command line; the role comes
 from the environment. Servers register degnn's RPC services and serve their partition (never
 returning); trainers initialise DGL, then torch.distributed (gloo), then run the pipeline.
 
@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import List
 
 from degnn.config import CONF_DIR, register_configs
+from degnn.runtime.checkpoint import CheckpointError
 from degnn.runtime.compat import strip_local_rank
+from degnn.runtime.heartbeat import Heartbeat, heartbeat_path
 
 log = logging.getLogger("degnn")
 
@@ -89,6 +91,8 @@ def run_server(cfg, run_dir: Path) -> None:
 
     require_env("DGL_SERVER_ID", "DGL_NUM_SERVER", "DGL_NUM_CLIENT", "DGL_CONF_PATH", "DGL_IP_CONFIG")
     setup_logging(run_dir, f"server{os.environ['DGL_SERVER_ID']}", to_console=False)
+    # liveness only: the server loop runs inside DGL's C++ code
+    Heartbeat(heartbeat_path(run_dir, f"server{os.environ['DGL_SERVER_ID']}")).start()
     from degnn.runtime import services
 
     services.register_all()
@@ -111,6 +115,8 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = local_rank_arg if local_rank_arg is not None else int(os.environ.get("LOCAL_RANK", 0))
     setup_logging(run_dir, f"rank{rank}", to_console=rank == 0)
+    # liveness until the epoch loop starts, then progress (Pipeline.run switches it)
+    heartbeat = Heartbeat(heartbeat_path(run_dir, f"rank{rank}")).start()
     part_config = Path(os.environ["DGL_CONF_PATH"])
     meta = read_partition_json(part_config)
     machines = meta["num_parts"]
@@ -125,7 +131,8 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
              rank, world, local_rank, time.time() - t0, meta["graph_name"], graph.num_nodes(),
              graph.num_edges(), machines)
     ctx = RunContext(cfg=cfg, run_dir=run_dir, rank=rank, world_size=world, local_rank=local_rank,
-                     machines=machines, part_config=part_config, graph=graph, log=log)
+                     machines=machines, part_config=part_config, graph=graph, log=log,
+                     heartbeat=heartbeat)
     pipeline = get_pipeline(cfg.pipeline.name)(ctx)
     summary = pipeline.run()
     if rank == 0 and not os.environ.get("DEGNN_LAUNCHED"):
@@ -150,6 +157,10 @@ def main(argv: List[str] | None = None) -> int:
     except EntryError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except CheckpointError as e:
+        # after DGL's initialisation: leave without its exit barrier (see below), one line
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        os._exit(2)
     except Exception:  # noqa: BLE001
         # DGL's atexit handler would wait for the other clients forever: log and leave now, and
         # let the launcher stop the rest of the cluster.

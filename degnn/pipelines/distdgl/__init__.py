@@ -68,7 +68,7 @@ class DistDGLPipeline(Pipeline):
         self.model = build_model(cfg.model, in_dim, num_classes)
         torch.manual_seed(cfg.train.seed + ctx.rank)
         # Every forward goes through the DDP wrapper: calling submodules directly would skip
-        # DDP's gradient hooks silently (DESIGN.md, pitfalls).
+        # DDP's gradient hooks silently (docs/design.md, "Pitfalls the code relies on").
         self.ddp = DistributedDataParallel(self.model)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.train.lr,
                                           weight_decay=cfg.train.weight_decay)
@@ -106,6 +106,7 @@ class DistDGLPipeline(Pipeline):
             self.optimizer.step()
             total += loss.item()
             n += 1
+            self.ctx.heartbeat.beat()
             if progress is not None:
                 progress.update(1)
                 progress.set_postfix(loss=f"{loss.item():.3f}", refresh=False)

@@ -1,0 +1,67 @@
+"""Hang detection on the launcher's side: read every running process's heartbeat file
+(degnn/runtime/heartbeat.py) and name the one that made no progress for `timeout_s`.
+
+Time is the launcher's own monotonic clock: a file's content changing is progress, whenever the
+host that wrote it thinks it is. A process that never writes a heartbeat counts from its start.
+When several processes stopped making progress (one trainer stopped, the others blocked waiting
+for it), the culprit is the one whose progress stopped first; ties go to the earliest last beat
+written in the files.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, Iterable, Optional, Tuple
+
+
+def _read(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _last_beat(content: Optional[str]) -> float:
+    try:
+        return float(content.split()[1])
+    except (AttributeError, IndexError, ValueError):
+        return 0.0
+
+
+def process_state(pid: int) -> Optional[str]:
+    """'stopped' (SIGSTOP), 'zombie', ... of a local pid from /proc; None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+    return {"T": "stopped", "t": "stopped by a tracer", "Z": "zombie", "D": "in uninterruptible I/O"}.get(state)
+
+
+class HangWatch:
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic):
+        self.timeout_s = timeout_s
+        self.clock = clock
+        # name -> (file content, when it last changed on our clock)
+        self.seen: Dict[str, Tuple[Optional[str], float]] = {}
+
+    def check(self, running: Iterable) -> Optional[Tuple[object, float]]:
+        """(the hung Running, seconds without progress), or None. Only live processes count."""
+        now = self.clock()
+        late = []
+        for r in running:
+            if r.rc is not None:
+                continue
+            name = r.proc.name
+            content = _read(r.proc.heartbeat)
+            prev = self.seen.get(name)
+            if prev is None or prev[0] != content:
+                self.seen[name] = (content, now)
+                continue
+            age = now - prev[1]
+            if age > self.timeout_s:
+                late.append((prev[1], _last_beat(content), r, age))
+        if not late:
+            return None
+        _, _, r, age = min(late, key=lambda x: (x[0], x[1]))
+        return r, age

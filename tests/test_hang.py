@@ -1,0 +1,83 @@
+"""Hang detection: heartbeat files (degnn/runtime/heartbeat.py) and the launcher's watch
+(degnn/launch/hang.py); the end-to-end check (a trainer stopped with SIGSTOP) is in
+tests/test_launch_netns.py."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from degnn.launch.hang import HangWatch, process_state
+from degnn.runtime.heartbeat import Heartbeat
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def proc(tmp_path, name, rc=None):
+    return SimpleNamespace(rc=rc, proc=SimpleNamespace(name=name, heartbeat=str(tmp_path / name)))
+
+
+def test_watch_names_the_process_whose_progress_stopped_first(tmp_path):
+    clock = Clock()
+    w = HangWatch(10, clock=clock)
+    a, b = proc(tmp_path, "rank0"), proc(tmp_path, "rank1")
+    (tmp_path / "rank0").write_text("1 100.0")
+    (tmp_path / "rank1").write_text("1 100.0")
+    assert w.check([a, b]) is None
+    for t in range(1, 6):  # rank0 keeps beating; rank1 stops at t=0
+        clock.t = t
+        (tmp_path / "rank0").write_text(f"{t + 1} {100 + t}")
+        assert w.check([a, b]) is None
+    clock.t = 10.5
+    hung, age = w.check([a, b])
+    assert hung is b and age == 10.5
+    # rank0 stops too (blocked waiting for rank1): still rank1 is named
+    clock.t = 30
+    assert w.check([a, b])[0] is b
+    # an exited process is not hung (the supervisor reports its exit)
+    assert w.check([a, proc(tmp_path, "rank1", rc=0)])[0] is a
+
+
+def test_a_process_that_never_beats_counts_from_its_start(tmp_path):
+    clock = Clock()
+    w = HangWatch(5, clock=clock)
+    s = proc(tmp_path, "server0")
+    assert w.check([s]) is None
+    clock.t = 6
+    assert w.check([s])[0] is s
+
+
+def test_heartbeat_writes_only_on_progress_in_progress_mode(tmp_path):
+    hb = Heartbeat(tmp_path / "hb" / "rank0", interval_s=0.05).start()
+    time.sleep(0.3)
+    first = (tmp_path / "hb" / "rank0").read_text()
+    time.sleep(0.3)
+    assert (tmp_path / "hb" / "rank0").read_text() != first  # liveness: beats by itself
+    hb.progress_mode()
+    time.sleep(0.3)
+    frozen = (tmp_path / "hb" / "rank0").read_text()
+    time.sleep(0.3)
+    assert (tmp_path / "hb" / "rank0").read_text() == frozen  # no beat() -> no change
+    hb.beat()
+    time.sleep(0.3)
+    assert (tmp_path / "hb" / "rank0").read_text() != frozen
+    hb.stop()
+
+
+def test_process_state_sees_sigstop():
+    import signal
+    import subprocess
+    p = subprocess.Popen(["sleep", "30"])
+    try:
+        assert process_state(p.pid) is None
+        p.send_signal(signal.SIGSTOP)
+        time.sleep(0.2)
+        assert process_state(p.pid) == "stopped"
+    finally:
+        p.kill()
+        p.wait()
