@@ -43,12 +43,19 @@ def test_watch_names_the_process_whose_progress_stopped_first(tmp_path):
     assert w.check([a, proc(tmp_path, "rank1", rc=0)])[0] is a
 
 
-def test_a_process_that_never_beats_counts_from_its_start(tmp_path):
+def test_a_process_is_watched_from_its_first_heartbeat(tmp_path):
     clock = Clock()
     w = HangWatch(5, clock=clock)
     s = proc(tmp_path, "server0")
     assert w.check([s]) is None
-    clock.t = 6
+    clock.t = 100  # an entry without heartbeats (plain DGL, a user's own) is never called hung
+    assert w.check([s]) is None
+    (tmp_path / "server0").write_text("1 5.0")
+    assert w.check([s]) is None
+    clock.t = 106
+    assert w.check([s])[0] is s
+    (tmp_path / "server0").unlink()  # a heartbeat that vanishes is no progress either
+    clock.t = 112
     assert w.check([s])[0] is s
 
 

@@ -2,7 +2,9 @@
 (degnn/runtime/heartbeat.py) and name the one that made no progress for `timeout_s`.
 
 Time is the launcher's own monotonic clock: a file's content changing is progress, whenever the
-host that wrote it thinks it is. A process that never writes a heartbeat counts from its start.
+host that wrote it thinks it is. A process is watched from its first heartbeat on: an entry that
+writes none (e.g. the plain DGL trainer of bench=parity, or a user's own) is never called hung;
+degnn's entry writes its first one before it initialises DGL.
 When several processes stopped making progress (one trainer stopped, the others blocked waiting
 for it), the culprit is the one whose progress stopped first; ties go to the earliest last beat
 written in the files.
@@ -55,6 +57,10 @@ class HangWatch:
             name = r.proc.name
             content = _read(r.proc.heartbeat)
             prev = self.seen.get(name)
+            if content is None:
+                if prev is None:
+                    continue  # no heartbeat yet (or never): not watched
+                content = prev[0]  # a file that vanished is no progress
             if prev is None or prev[0] != content:
                 self.seen[name] = (content, now)
                 continue
