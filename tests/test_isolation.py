@@ -168,3 +168,20 @@ def test_two_local_runs_at_once_keep_their_own_data(tmp_path):
         s = json.loads((tmp_path / str(c) / "summary.json").read_text())
         assert s["status"] == "ok" and s["num_classes"] == c and s["epochs"] == 2
     assert set(os.listdir("/dev/shm")) <= before  # nothing of either run left on the host
+
+
+def test_rank0_store_listens_on_the_cluster_address_only():
+    """torch's env:// rendezvous would listen on every interface (*:MASTER_PORT)."""
+    code = ("import os, datetime, subprocess, torch, torch.distributed as dist\n"
+            "from degnn.runtime.store import init_process_group\n"
+            "init_process_group(0, 1, datetime.timedelta(seconds=60))\n"
+            "t = torch.ones(1); dist.all_reduce(t); assert t.item() == 1\n"
+            "ss = subprocess.run(['ss', '-ltnpH'], capture_output=True, text=True).stdout\n"
+            "print('\\n'.join(l for l in ss.splitlines() if f'pid={os.getpid()},' in l))\n")
+    port = fake_free_port()
+    r = subprocess.run([PY, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=budget(120),
+                       env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = [l.split() for l in r.stdout.splitlines() if l.startswith("LISTEN")]
+    assert any(l[3] == f"127.0.0.1:{port}" for l in lines), r.stdout  # the store
+    assert all(l[3].startswith("127.0.0.1:") for l in lines), r.stdout  # and nothing else anywhere

@@ -110,6 +110,7 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     from degnn.runtime import services
     from degnn.runtime.context import RunContext
     from degnn.runtime.partition_info import read_partition_json
+    from degnn.runtime.store import init_process_group
 
     require_env("DGL_CONF_PATH", "DGL_IP_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -124,7 +125,8 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     services.register_all()
     t0 = time.time()
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])
-    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
+    # rank 0's store listens on MASTER_ADDR only, not on every interface
+    init_process_group(rank, world, timeout=datetime.timedelta(minutes=30))
     torch.manual_seed(cfg.train.seed + rank)
     graph = dgl.distributed.DistGraph(meta["graph_name"], part_config=str(part_config))
     log.info("rank %d/%d (local %d) up in %.1fs; graph %s: %d nodes, %d edges, %d machines",
