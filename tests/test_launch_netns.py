@@ -326,3 +326,18 @@ def test_real_trainer_stopped_is_reported_as_hung(tmp_path):
     assert s["status"] == "failed" and "made no progress" in s["error"]
     assert s["failed_process"]["index"] == 1 and s["epochs"] >= 1  # the epochs done stay
     assert_nothing_left(p.pid, run_dir)
+
+
+def test_two_netns_clusters_at_once(part2, tmp_path):
+    """Two launchers on one host, same subnet and ports: each cluster only sees its own machines."""
+    runs = [tmp_path / "a", tmp_path / "b"]
+    ps = [start_launcher(r, part2, "cluster=netns", "cluster.trainers_per_machine=2",
+                         env={"FAKE_GLOO": "1"}) for r in runs]
+    results = [finish(p, timeout=150) for p in ps]
+    for p, run_dir, (rc, out, err) in zip(ps, runs, results):
+        assert rc == 0, err[-3000:]
+        for rank in range(4):
+            r = json.loads((run_dir / f"fake_rank{rank}.json").read_text())
+            assert r["shm_shared"] and r["shm_foreign"] == [] and r["allreduce"] == 4.0, r
+            assert r["reached"] == {"10.77.0.1:30050": 0, "10.77.0.2:30050": 1}
+        assert_nothing_left(p.pid, run_dir)
