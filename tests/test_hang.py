@@ -24,7 +24,7 @@ def proc(tmp_path, name, rc=None):
 
 def test_watch_names_the_process_whose_progress_stopped_first(tmp_path):
     clock = Clock()
-    w = HangWatch(10, clock=clock)
+    w = HangWatch(10, clock=clock, state_of=lambda r: None)
     a, b = proc(tmp_path, "rank0"), proc(tmp_path, "rank1")
     (tmp_path / "rank0").write_text("1 100.0")
     (tmp_path / "rank1").write_text("1 100.0")
@@ -45,7 +45,7 @@ def test_watch_names_the_process_whose_progress_stopped_first(tmp_path):
 
 def test_a_process_is_watched_from_its_first_heartbeat(tmp_path):
     clock = Clock()
-    w = HangWatch(5, clock=clock)
+    w = HangWatch(5, clock=clock, state_of=lambda r: None)
     s = proc(tmp_path, "server0")
     assert w.check([s]) is None
     clock.t = 100  # an entry without heartbeats (plain DGL, a user's own) is never called hung
@@ -57,6 +57,23 @@ def test_a_process_is_watched_from_its_first_heartbeat(tmp_path):
     (tmp_path / "server0").unlink()  # a heartbeat that vanishes is no progress either
     clock.t = 112
     assert w.check([s])[0] is s
+
+
+def test_a_stopped_process_is_named_before_the_peer_that_waits_for_it(tmp_path):
+    # rank0 waits at a barrier (silent from t=0) for rank1, which is busy until it is stopped at t=4
+    clock = Clock()
+    a, b = proc(tmp_path, "rank0"), proc(tmp_path, "rank1")
+    w = HangWatch(10, clock=clock, state_of=lambda r: "stopped" if r is b else None)
+    (tmp_path / "rank0").write_text("1 100.0")
+    (tmp_path / "rank1").write_text("1 100.0")
+    w.check([a, b])
+    for t in range(1, 5):
+        clock.t = t
+        (tmp_path / "rank1").write_text(f"{t + 1} {100 + t}")
+        assert w.check([a, b]) is None
+    clock.t = 10.5  # rank0 is past the timeout first, but rank1 is the stopped one
+    hung, age = w.check([a, b])
+    assert hung is b and age == 6.5
 
 
 def test_heartbeat_writes_only_on_progress_in_progress_mode(tmp_path):

@@ -174,11 +174,13 @@ def test_leftovers_of_a_killed_launcher_are_cleaned(part2, tmp_path):
                                            or _holders_of(p.pid)):
         time.sleep(0.1)
     assert not fake_entry.processes_mentioning(str(run_dir)) and not _holders_of(p.pid)
-    # what the next launch does first, and `make cleanup`, saying what it removed
-    r = subprocess.run([PY, "-m", "degnn.launch", "--cleanup"], cwd=REPO, capture_output=True,
-                       text=True, timeout=budget(60))
-    assert r.returncode == 0
-    assert f"removed netns/link {tag}m0" in r.stdout and f"removed netns/link {tag}b" in r.stdout, r.stdout
+    # what the next launch does first, and `make cleanup` (which prints these lines). In process:
+    # any other launcher starting on this host meanwhile removes them too
+    from degnn.launch.cleanup import cleanup_all
+    # (a veth goes with its namespace, so only namespaces and the bridge are named for sure)
+    left = [n for n in list_namespaces() + list_links() if n.startswith(tag) and n[len(tag)] in "mb"]
+    removed = cleanup_all()
+    assert all(f"netns/link {n}" in removed for n in left), (left, removed)
     assert_nothing_left(p.pid, run_dir)
 
 
@@ -220,19 +222,21 @@ REAL = ["-m", "degnn.launch", "cluster=netns", "cluster.machines=2", "pipeline=d
 def test_real_distdgl_run(tmp_path):
     run_dir = tmp_path / "run"
     t0 = time.monotonic()
-    r = subprocess.run([PY, *REAL, "train.epochs=3", f"hydra.run.dir={run_dir}"], cwd=REPO,
-                       capture_output=True, text=True, timeout=budget(110))
+    # batches of 128: 30 training batches, so that the trainers' wire windows (one per epoch)
+    # line up with the batches they count
+    r = subprocess.run([PY, *REAL, "train.epochs=3", "train.batch_size=128", f"hydra.run.dir={run_dir}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=budget(110))
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["status"] == "ok" and s["machines"] == 2 and s["batches"] > 0
     assert s["net_bytes_total"] > 0 and s["net_bytes_per_batch"] > 0
     # The application's own byte count agrees with the veth counters of the training phase.
-    # Measured here: within 1% (sampling ~14%, features ~66%, all-reduce ~20% of the app bytes);
-    # 5% tolerance, so a category counted as zero (or twice) fails.
+    # Measured here (3 runs): app 1.1% below wire; sampling is ~6.5% of the app bytes, features
+    # ~65%, all-reduce ~29%. 3% tolerance: sampling counted as zero is 7.5% off and fails.
     cats = s["app_bytes_by_category"]
     assert cats.get("sampling", 0) > 0 and cats.get("features", 0) > 0 and cats.get("allreduce", 0) > 0
     app, wire = s["app_bytes_per_batch"], s["net_bytes_per_batch"]
-    assert abs(app - wire) <= 0.05 * wire, (app, wire, cats)
+    assert abs(app - wire) <= 0.03 * wire, (app, wire, cats)
     # the reported test metric is the one at the best validation point of the curve
     curve = [json.loads(l) for l in (run_dir / "curve.jsonl").read_text().splitlines()]
     assert [c["epoch"] for c in curve] == [1, 2, 3]

@@ -6,8 +6,10 @@ host that wrote it thinks it is. A process is watched from its first heartbeat o
 writes none (e.g. the plain DGL trainer of bench=parity, or a user's own) is never called hung;
 degnn's entry writes its first one before it initialises DGL.
 When several processes stopped making progress (one trainer stopped, the others blocked waiting
-for it), the culprit is the one whose progress stopped first; ties go to the earliest last beat
-written in the files.
+for it), the culprit is, among those silent for at least half the timeout: one that /proc says is
+stopped (SIGSTOP) or in uninterruptible I/O, else the one whose progress stopped first (ties: the
+earliest last beat written in the files). Going silent first alone is not enough: a trainer that
+waits at a barrier for a slower peer goes silent before the peer is stopped.
 """
 from __future__ import annotations
 
@@ -41,16 +43,19 @@ def process_state(pid: int) -> Optional[str]:
 
 
 class HangWatch:
-    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic,
+                 state_of: Optional[Callable[[object], Optional[str]]] = None):
         self.timeout_s = timeout_s
         self.clock = clock
+        # /proc state of a Running's process ("stopped", ...; None for a remote one over ssh)
+        self.state_of = state_of or (lambda r: process_state(r.popen.pid))
         # name -> (file content, when it last changed on our clock)
         self.seen: Dict[str, Tuple[Optional[str], float]] = {}
 
     def check(self, running: Iterable) -> Optional[Tuple[object, float]]:
         """(the hung Running, seconds without progress), or None. Only live processes count."""
         now = self.clock()
-        late = []
+        silent = []
         for r in running:
             if r.rc is not None:
                 continue
@@ -65,9 +70,10 @@ class HangWatch:
                 self.seen[name] = (content, now)
                 continue
             age = now - prev[1]
-            if age > self.timeout_s:
-                late.append((prev[1], _last_beat(content), r, age))
-        if not late:
+            if age >= self.timeout_s / 2:
+                silent.append((prev[1], _last_beat(content), r, age))
+        if not any(age > self.timeout_s for *_, age in silent):
             return None
-        _, _, r, age = min(late, key=lambda x: (x[0], x[1]))
+        stuck = [s for s in silent if self.state_of(s[2]) in ("stopped", "in uninterruptible I/O")]
+        _, _, r, age = min(stuck or silent, key=lambda x: (x[0], x[1]))
         return r, age
