@@ -32,7 +32,7 @@ bench-quick: setup
 	$(VPY) -m benchmarks bench=quick
 
 # leftovers of killed launchers: namespaces, links, holders, processes, DGL shared memory
-cleanup: setup
+cleanup:
 	$(VPY) -m degnn.launch --cleanup
 
 clean:
