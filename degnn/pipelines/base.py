@@ -12,7 +12,7 @@ import random
 import resource
 import time
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -44,6 +44,22 @@ def broadcast_object(obj, src: int = 0):
 
 class Pipeline:
     name = "base"
+    # The launcher's fault policy is the pipeline's to declare. False: trainers meet in gloo
+    # collectives (all-reduce, barrier, all_gather), which hang or abort on a dead peer, so one dead
+    # process stops the cluster. True (TMA): trainers never use torch.distributed (entry.py does not
+    # even create the process group) and coordinate through an RPC service with deadlines; the
+    # launcher lets the others finish when a trainer dies, still stops on a dead server, and stops
+    # the servers when the trainers are done (DGL's servers would wait for the dead client forever).
+    tolerates_trainer_faults = False
+
+    @classmethod
+    def prepare_launch(cls, cfg, task_overrides) -> List[str]:
+        """The launcher's preflight for this pipeline, before anything starts.
+
+        Raise ValueError (one line) for a config that cannot run; may adjust `cfg` and return
+        overrides that every process of the run must also get (e.g. the partition a variant implies).
+        """
+        return []
 
     def __init__(self, ctx):
         self.ctx = ctx
@@ -109,28 +125,57 @@ class Pipeline:
                                     f"pass the run directory of a run that finished at least one epoch")
         return torch.load(path, map_location="cpu", weights_only=False)
 
+    # --- the steps of a training loop (the epoch loop below and TMA's rounds use them) -------
+    @property
+    def is_writer(self) -> bool:
+        """The process that writes the run's shared files (curve, best model, checkpoint, summary)."""
+        return self.ctx.is_rank0
+
+    def new_state(self) -> dict:
+        return {"epoch": 0, "best_val": None, "best_test": None, "best_epoch": None, "test_final": None,
+                "train_time_s": 0.0, "epoch_times": [], "batches": 0, "bad_evals": 0, "bytes": {},
+                "wire_train_bytes": 0}
+
+    def restore(self, ckpt: dict, state: dict) -> None:
+        """Resume step: model, optimizer, loop state, RNG and counters from a checkpoint."""
+        ctx = self.ctx
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        state.update(ckpt["state"])
+        set_rng_state(ckpt["rng"][ctx.rank])
+        self.batches = state["batches"]
+        self.wire_train_bytes = state["wire_train_bytes"]
+        for k, v in state["bytes"].items():
+            ctx.counter.add(k, v)
+
+    def continue_curve(self, key: str, upto: int) -> None:
+        """Resume step: the curve continues with the records (`key` <= `upto`) of the run we resume."""
+        if self.is_writer:
+            for rec in read_curve(Path(self.cfg.resume)):
+                if rec.get(key, 0) <= upto:
+                    append_curve(self.ctx.run_dir, rec)
+
+    def keep_best(self, state: dict, val: float, test: float, at: int) -> bool:
+        """Evaluation step: test_final, best validation (and its test and model); True if better."""
+        state["test_final"] = test
+        if state["best_val"] is None or val > state["best_val"]:
+            state.update(best_val=val, best_test=test, best_epoch=at, bad_evals=0)
+            if self.is_writer:
+                self._checkpoint(self.ctx.run_dir / BEST_MODEL, {"model": self.model.state_dict(), "epoch": at})
+            return True
+        state["bad_evals"] += 1
+        return False
+
     def run(self) -> dict:
         ctx, cfg = self.ctx, self.cfg
         run_dir = ctx.run_dir
         self.setup()
-        state = {"epoch": 0, "best_val": None, "best_test": None, "best_epoch": None, "test_final": None,
-                 "train_time_s": 0.0, "epoch_times": [], "batches": 0, "bad_evals": 0, "bytes": {},
-                 "wire_train_bytes": 0}
+        state = self.new_state()
         ckpt = self._load_resume()
         if ckpt is not None:
-            self.model.load_state_dict(ckpt["model"])
-            self.optimizer.load_state_dict(ckpt["optimizer"])
-            state.update(ckpt["state"])
-            set_rng_state(ckpt["rng"][ctx.rank])
-            self.batches = state["batches"]
-            self.wire_train_bytes = state["wire_train_bytes"]
-            for k, v in state["bytes"].items():
-                ctx.counter.add(k, v)
+            self.restore(ckpt, state)
+            self.continue_curve("epoch", state["epoch"])
             if ctx.is_rank0:
-                # the curve continues: keep the finished epochs of the run we resume
-                for rec in read_curve(Path(cfg.resume)):
-                    if rec["epoch"] <= state["epoch"]:
-                        append_curve(run_dir, rec)
                 self.log.info("resumed from %s after epoch %d", cfg.resume, state["epoch"])
         if ctx.is_rank0:
             (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
@@ -161,13 +206,7 @@ class Pipeline:
             if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs:
                 val, test = self.evaluate()
                 record.update(val=val, test=test)
-                state["test_final"] = test
-                if state["best_val"] is None or val > state["best_val"]:
-                    state.update(best_val=val, best_test=test, best_epoch=epoch, bad_evals=0)
-                    if ctx.is_rank0:
-                        self._checkpoint(run_dir / BEST_MODEL, {"model": self.model.state_dict(), "epoch": epoch})
-                else:
-                    state["bad_evals"] += 1
+                if not self.keep_best(state, val, test, epoch):
                     stop = cfg.train.patience > 0 and state["bad_evals"] >= cfg.train.patience
             if ctx.is_rank0:
                 append_curve(run_dir, record)
@@ -193,14 +232,21 @@ class Pipeline:
             state.update(best_val=val, best_test=test, test_final=test, best_epoch=state["epoch"])
         return self._summary(state)
 
+    def rank_stats(self) -> dict:
+        """This trainer's part of the summary (added up over trainers by `_summary`)."""
+        return {"bytes": self.ctx.counter.as_dict(), "batches": self.batches, "wire": self.wire_train_bytes,
+                "has_wire": self.wire.path is not None,
+                "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+
+    def gather_rank_stats(self) -> list:
+        ranks = [None] * self.ctx.world_size
+        dist.all_gather_object(ranks, self.rank_stats())
+        return ranks
+
     def _summary(self, state: dict) -> dict:
         ctx, cfg = self.ctx, self.cfg
         # one gather: bytes by category, batches and wire bytes add up over trainers; memory is the max
-        mine = {"bytes": ctx.counter.as_dict(), "batches": self.batches, "wire": self.wire_train_bytes,
-                "has_wire": self.wire.path is not None,
-                "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
-        ranks = [None] * ctx.world_size
-        dist.all_gather_object(ranks, mine)
+        ranks = self.gather_rank_stats()
         cats: Dict[str, int] = {}
         for r in ranks:
             for k, v in r["bytes"].items():
@@ -235,6 +281,6 @@ class Pipeline:
             "status": "ok",
         }
         summary.update(self.extra_summary())
-        if ctx.is_rank0:
+        if self.is_writer:
             write_summary(ctx.run_dir, summary)
         return summary
