@@ -54,10 +54,13 @@ def main(cfg: DictConfig) -> None:
 
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
+    task = list(hc.overrides.task)
     try:
         machines_of(cfg.cluster)  # cheap checks first: no partitioning for a run that cannot start
-        get_pipeline(cfg.pipeline.name)
+        pipeline_cls = get_pipeline(cfg.pipeline.name)
         check_model_config(cfg.model)
+        # the pipeline's own checks; it may pick the partition (TMA's variants) for every process
+        task += pipeline_cls.prepare_launch(cfg, task)
     except (LaunchError, NotImplementedError, ValueError) as e:
         _fail(str(e))
     try:
@@ -70,7 +73,7 @@ def main(cfg: DictConfig) -> None:
         _fail(_one_line(e))
     _print_partition_report(part_config)
     try:
-        rc = launch(cfg, run_dir, str(part_config), list(hc.overrides.task),
+        rc = launch(cfg, run_dir, str(part_config), task,
                     entry=os.environ.get("DEGNN_ENTRY") or cfg.cluster.entry)
     except LaunchError as e:
         _fail(str(e))

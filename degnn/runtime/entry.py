@@ -115,10 +115,14 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     meta = read_partition_json(part_config)
     machines = meta["num_parts"]
 
+    pipeline_cls = get_pipeline(cfg.pipeline.name)
+    # a pipeline that outlives a dead trainer never touches gloo (Pipeline.tolerates_trainer_faults)
+    gloo = not pipeline_cls.tolerates_trainer_faults
     services.register_all()
     t0 = time.time()
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])
-    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
+    if gloo:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=30))
     torch.manual_seed(cfg.train.seed + rank)
     graph = dgl.distributed.DistGraph(meta["graph_name"], part_config=str(part_config))
     log.info("rank %d/%d (local %d) up in %.1fs; graph %s: %d nodes, %d edges, %d machines",
@@ -126,14 +130,23 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
              graph.num_edges(), machines)
     ctx = RunContext(cfg=cfg, run_dir=run_dir, rank=rank, world_size=world, local_rank=local_rank,
                      machines=machines, part_config=part_config, graph=graph, log=log)
-    pipeline = get_pipeline(cfg.pipeline.name)(ctx)
+    pipeline = pipeline_cls(ctx)
     summary = pipeline.run()
-    if rank == 0 and not os.environ.get("DEGNN_LAUNCHED"):
+    rc = 0 if summary.get("status") == "ok" else 1
+    if pipeline.is_writer and not os.environ.get("DEGNN_LAUNCHED"):
         # (degnn.launch prints it itself, once it has added the wire counters)
         print(result_line(summary), flush=True)
+    if not gloo:
+        # DGL's exit handler (exit_client) starts with a barrier of all clients on server 0, which
+        # never completes when a trainer is dead: leave without it. The launcher stops the servers.
+        log.info("trainer done; leaving without DGL's client barrier")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
     dist.barrier()
     dist.destroy_process_group()
-    return 0 if summary.get("status") == "ok" else 1
+    return rc
 
 
 def main(argv: List[str] | None = None) -> int:
