@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import resource
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -45,13 +44,13 @@ from omegaconf import OmegaConf
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from degnn.config import CONF_DIR
-from degnn.metrics import append_curve, write_summary
+from degnn.metrics import append_curve
 from degnn.models import build_model
-from degnn.pipelines.base import BEST_MODEL, CHECKPOINT, Pipeline, rng_state, set_rng_state
+from degnn.pipelines.base import CHECKPOINT, Pipeline, rng_state, set_rng_state
 from degnn.pipelines.evaluation import dataset_evaluator
 from degnn.runtime.compat import NeighborSampler
 
-from .compat import forward
+
 from .local import build_local_data
 from .service import CoordinatorClient
 
@@ -223,7 +222,7 @@ class TMAPipeline(Pipeline):
             input_nodes, seeds, blocks = self._next_batch()
             x = g.ndata["feat"][input_nodes]
             y = g.ndata["label"][seeds]
-            loss = F.cross_entropy(forward(self.model, blocks, x), y)
+            loss = F.cross_entropy(self.model(blocks, x), y)
             self.optimizer.zero_grad()
             loss.backward()
             if p.grad_clip > 0 and self.steps / self.steps_per_epoch >= p.grad_clip_since:
@@ -336,7 +335,7 @@ class TMAPipeline(Pipeline):
             self.client.wait("poll_release", self.rounds_total, ("released",))
             self.log.info("partition %d was dropped (pipeline.drop_parts): the run is over", self.part)
             return {"status": "ok"}
-        if ctx.rank == min(self.active) and not cfg.resume:
+        if ctx.rank == min(self.active):
             (ctx.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
         # round 0: the lowest rank's weights to everyone; the clocks start together
         self.client.call("submit", 0, self._flat(), {"stats": self.my_stats()})

@@ -30,7 +30,6 @@ from degnn.pipelines.distdgl import sampling_bytes
 from degnn.pipelines.evaluation import remote_rows
 from degnn.runtime.compat import DistNodeDataLoader, NeighborSampler
 
-from .compat import forward, layer_forward
 
 ID_BYTES = 8
 
@@ -76,7 +75,7 @@ class WholeGraph:
         model.eval()
         h = self.feat
         for i in range(model.num_layers):
-            h = layer_forward(model, i, self.graph, h)
+            h = model.layer_forward(i, self.graph, h)
         model.train(was_training)
         pred = h.argmax(1)
         return (evaluate_fn(self.label[self.val_nids], pred[self.val_nids]),
@@ -117,7 +116,7 @@ class Corrector:
                              + remote_rows(self.pb, input_nodes) * (self.feat_row_bytes + ID_BYTES))
             x = g.ndata["feat"][input_nodes].float()
             y = g.ndata["label"][seeds].long()
-            loss = F.cross_entropy(forward(self.model, blocks, x), y)
+            loss = F.cross_entropy(self.model(blocks, x), y)
             self.optimizer.zero_grad()
             loss.backward()
             self.optimizer.step()
