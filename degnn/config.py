@@ -70,6 +70,9 @@ class TrainConfig:
     checkpoint_every: int = 1
     # rank 0 trains its epochs under cProfile and writes <run dir>/profile_rank0.txt
     profile: bool = False
+    # stop after the epoch during which training time (evaluation excluded) reached this many
+    # seconds (0 = no limit): a wall-time budget like pipeline=tma's time_limit, for benchmarks
+    time_limit_s: float = 0.0
 
 
 @dataclass
@@ -109,6 +112,10 @@ class TMAConfig(PipelineConfig):
     round_timeout: str = "5s"
     # the evaluating trainer is declared dead after this long without a heartbeat
     evaluator_timeout: str = "60s"
+    # fault injection (benchmarks, tests): trainer `kill_rank` SIGKILLs itself once it has trained
+    # for `kill_at` (a real death: no clean-up, nothing said to anyone)
+    kill_rank: Optional[int] = None
+    kill_at: str = "0s"
 
 
 @dataclass

@@ -203,11 +203,18 @@ class Pipeline:
             record = {"epoch": epoch, "train_time_s": round(state["train_time_s"], 3),
                       "wall_s": round(time.time() - wall0, 3), "loss": loss}
             stop = False
-            if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs:
+            # the wall-time budget; ranks measure slightly different times: rank 0 decides for all
+            over = cfg.train.time_limit_s > 0 and broadcast_object(
+                state["train_time_s"] >= cfg.train.time_limit_s)
+            if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs or over:
                 val, test = self.evaluate()
                 record.update(val=val, test=test)
                 if not self.keep_best(state, val, test, epoch):
                     stop = cfg.train.patience > 0 and state["bad_evals"] >= cfg.train.patience
+            if over:
+                stop = True
+                if ctx.is_rank0:
+                    self.log.info("time limit: %.1fs of training", state["train_time_s"])
             if ctx.is_rank0:
                 append_curve(run_dir, record)
                 msg = f"epoch {epoch}: loss {loss:.4f}, {dt:.1f}s"
@@ -225,7 +232,8 @@ class Pipeline:
                         "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                         "state": dict(state), "rng": rngs})
             if stop:
-                self.log.info("early stop: no better validation for %d evaluations", cfg.train.patience)
+                if state["bad_evals"] >= cfg.train.patience > 0:
+                    self.log.info("early stop: no better validation for %d evaluations", cfg.train.patience)
                 break
         if state["best_val"] is None:  # e.g. resumed a finished run
             val, test = self.evaluate()

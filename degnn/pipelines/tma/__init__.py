@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -118,6 +119,9 @@ class TMAPipeline(Pipeline):
             raise ValueError(f"pipeline.drop_parts={drop}: give distinct partition indices 0..{k - 1}")
         if len(drop) >= k:
             raise ValueError(f"pipeline.drop_parts={drop} drops every partition: nothing would train")
+        parse_duration(p.kill_at, "pipeline.kill_at")
+        if p.kill_rank is not None and not 0 <= p.kill_rank < k:
+            raise ValueError(f"pipeline.kill_rank={p.kill_rank}: give a trainer rank 0..{k - 1}")
         # the variant picks the partition unless the user chose one
         user = {o.split("=", 1)[0].lstrip("+~") for o in task_overrides}
         if user & {"partition", "partition.method"}:
@@ -169,6 +173,7 @@ class TMAPipeline(Pipeline):
         self.corrector = None
         self.last_beat = 0.0
         self.eval_round = None
+        self.kill_at = parse_duration(p.kill_at) if p.kill_rank == ctx.rank else None
         g_local = self.local.graph
         self.log.info("tma/%s: partition %d%s: %d nodes, %d of %d edges kept (cross-partition edges "
                       "dropped), %d train nodes; %d classes, %d parameters; %d rounds of %.0fs",
@@ -218,7 +223,12 @@ class TMAPipeline(Pipeline):
         self.model.train()
         t_end = time.time() + seconds
         total, n = 0.0, 0
+        t_start = time.time()
         while time.time() < t_end:
+            if self.kill_at is not None and self.train_s + time.time() - t_start >= self.kill_at:
+                self.log.warning("pipeline.kill_rank=%d: killing myself (SIGKILL) after %.1fs of training",
+                                 self.ctx.rank, self.kill_at)
+                os.kill(os.getpid(), signal.SIGKILL)
             input_nodes, seeds, blocks = self._next_batch()
             x = g.ndata["feat"][input_nodes]
             y = g.ndata["label"][seeds]
@@ -383,6 +393,8 @@ class TMAPipeline(Pipeline):
                 state.update(rel.meta["state"])
                 break
             self._save_own(r)
+            if r < self.rounds_total:
+                self.client.wait("poll_start", r, ("go",), category=None)
         return self.written_summary or {"status": "ok"}
 
     # --- checkpoints ------------------------------------------------------------------------------------
@@ -454,7 +466,9 @@ class TMAPipeline(Pipeline):
         return {
             "rounds": self.rounds_total, "trainers_alive": len(meta["contributors"]),
             "trainers_alive_ranks": meta["contributors"], "trainers_dead_ranks": meta["dead"],
-            "drop_parts": list(p.drop_parts), "sync_every_s": self.sync_s, "time_limit_s": self.limit_s,
+            "drop_parts": list(p.drop_parts), "kill_rank": p.kill_rank,
+            "kill_at_s": parse_duration(p.kill_at) if p.kill_rank is not None else None,
+            "bandwidth": self.cfg.cluster.bandwidth, "sync_every_s": self.sync_s, "time_limit_s": self.limit_s,
             "weighting": p.weighting, "corr_steps": p.corr_steps if p.variant == "llcg" else 0,
             "partition_method": self.cfg.partition.method, "label_tv_mean": label_tv,
             "steps_per_trainer": steps, "steps_per_s_per_trainer": per_s,

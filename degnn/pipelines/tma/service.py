@@ -14,9 +14,11 @@ starts identical, and the training clocks start together):
      of the submissions, who contributed, and who evaluates (the lowest contributing rank);
   3. the evaluator (LLCG: corrects the mean first), evaluates, and `release`s the round,
      sending the corrected weights if there are any; it sends `beat`s while it works;
-  4. the others `poll_release` until then, and go on training from the released weights. If the
-     evaluator sends nothing for `evaluator_timeout`, it is counted dead and the next
-     contributing rank is told to evaluate the round instead.
+  4. the others `poll_release` until then. If the evaluator sends nothing for
+     `evaluator_timeout`, it is counted dead and the next contributing rank is told to evaluate
+     the round instead;
+  5. everyone `poll_start`s until every live contributor has the released weights (or
+     `round_timeout` has passed), and the next round's training starts.
 
 The server loop is single-threaded and has no timers, so deadlines are checked whenever a request
 arrives (trainers poll every few tens of milliseconds while they wait). Every request is answered,
@@ -54,6 +56,8 @@ class _Round:
         self.released = False
         self.release_tensor: Optional[torch.Tensor] = None
         self.release_meta: dict = {}
+        self.release_t = 0.0
+        self.picked: set = set()  # ranks that have the released weights
 
 
 class Coordinator:
@@ -137,19 +141,32 @@ class Coordinator:
             return "ok"
         return "not-evaluator"  # it was declared dead and replaced: it must stop evaluating
 
-    def release(self, r: int, rank: int, tensor: torch.Tensor, meta: dict) -> str:
+    def release(self, r: int, rank: int, tensor: torch.Tensor, meta: dict, now: float) -> str:
         rd = self._round(r)
         if rd.evaluator != rank:
             return "not-evaluator"
         rd.released = True
         rd.release_tensor = tensor if tensor.numel() else None
         rd.release_meta = meta
+        rd.release_t = now
+        rd.picked.add(rank)
         return "ok"
+
+    def poll_start(self, r: int, now: float) -> str:
+        """'go' once every live contributor has the released weights (or `round_timeout` after the
+        release): the next round starts together everywhere, and no averaging traffic is still
+        under way while a trainer trains (the wire counters of the training intervals stay clean)."""
+        rd = self._round(r)
+        if not rd.released:
+            return "wait"
+        waiting = (set(rd.contributors) & self.alive) - rd.picked
+        return "go" if not waiting or now - rd.release_t > self.round_timeout_s else "wait"
 
     def poll_release(self, r: int, rank: int, now: float):
         rd = self._round(r)
         self._close_if_due(r, now)
         if rd.released:
+            rd.picked.add(rank)
             t = rd.release_tensor if rd.release_tensor is not None else EMPTY
             return "released", t, dict(rd.release_meta)
         if rd.closed and now - rd.last_beat > self.evaluator_timeout_s:
@@ -209,7 +226,9 @@ class AvgRequest(rpc.Request):
         if self.op == "beat":
             return AvgResponse(coord.beat(self.round, self.rank, now), EMPTY, {})
         if self.op == "release":
-            return AvgResponse(coord.release(self.round, self.rank, self.tensor, self.meta), EMPTY, {})
+            return AvgResponse(coord.release(self.round, self.rank, self.tensor, self.meta, now), EMPTY, {})
+        if self.op == "poll_start":
+            return AvgResponse(coord.poll_start(self.round, now), EMPTY, {})
         if self.op == "poll_release":
             return AvgResponse(*coord.poll_release(self.round, self.rank, now))
         return AvgResponse("error", EMPTY, {"error": f"unknown op {self.op!r}"})
