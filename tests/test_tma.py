@@ -115,19 +115,24 @@ def _coord(active=(0, 1, 2)):
 def test_round0_gives_everyone_the_lowest_ranks_weights():
     c = _coord()
     for rank in (2, 0, 1):
-        assert c.poll_mean(0, 0.0)[0] == "wait"
+        assert c.poll_mean(0, rank, 0.0)[0] == "wait"
         c.submit(0, rank, torch.full((3,), float(rank)), {}, now=1.0)
-    status, tensor, meta = c.poll_mean(0, 1.0)
+    status, tensor, meta = c.poll_mean(0, 0, 1.0)
     assert status == "mean" and torch.equal(tensor, torch.zeros(3)) and meta["contributors"] == [0, 1, 2]
+    # training starts once every trainer has them (no download overlaps anyone's training)
+    assert c.poll_start(0, now=1.0) == "wait"
+    c.poll_mean(0, 1, 1.1)
+    c.poll_mean(0, 2, 1.2)
+    assert c.poll_start(0, now=1.2) == "go"
 
 
 def test_round_closes_when_all_submitted_with_the_weighted_mean():
     c = _coord()
     c.submit(1, 0, torch.tensor([1.0, 2.0]), {"weight": 1.0}, now=0.0)
     c.submit(1, 1, torch.tensor([3.0, 4.0]), {"weight": 1.0}, now=0.1)
-    assert c.poll_mean(1, 0.2)[0] == "wait"  # rank 2 still alive and within the deadline
+    assert c.poll_mean(1, 0, 0.2)[0] == "wait"  # rank 2 still alive and within the deadline
     c.submit(1, 2, torch.tensor([8.0, 0.0]), {"weight": 2.0}, now=0.3)
-    status, mean, meta = c.poll_mean(1, 0.3)
+    status, mean, meta = c.poll_mean(1, 0, 0.3)
     assert status == "mean" and torch.allclose(mean, torch.tensor([5.0, 1.5]))  # (1+3+16)/4, (2+4+0)/4
     assert meta["evaluator"] == 0 and meta["dead"] == []
 
@@ -136,27 +141,27 @@ def test_a_silent_trainer_is_left_out_after_the_deadline_and_rejoins_if_late():
     c = _coord()
     c.submit(1, 1, torch.tensor([2.0]), {}, now=0.0)
     c.submit(1, 2, torch.tensor([4.0]), {}, now=0.5)
-    assert c.poll_mean(1, 4.9)[0] == "wait"
-    status, mean, meta = c.poll_mean(1, 5.1)
+    assert c.poll_mean(1, 0, 4.9)[0] == "wait"
+    status, mean, meta = c.poll_mean(1, 0, 5.1)
     assert status == "mean" and mean.item() == 3.0 and meta["contributors"] == [1, 2]
     assert meta["evaluator"] == 1 and meta["dead"] == [0]
     # the next round does not wait for the dead one
     c.submit(2, 1, torch.tensor([1.0]), {}, now=10.0)
     c.submit(2, 2, torch.tensor([3.0]), {}, now=10.1)
-    assert c.poll_mean(2, 10.1)[1].item() == 2.0
+    assert c.poll_mean(2, 0, 10.1)[1].item() == 2.0
     # a trainer that was only late gets the closed round's mean, and counts again afterwards
     assert c.submit(2, 0, torch.tensor([100.0]), {}, now=11.0) == "late"
-    assert c.poll_mean(2, 11.0)[1].item() == 2.0
+    assert c.poll_mean(2, 0, 11.0)[1].item() == 2.0
     c.submit(3, 1, torch.tensor([0.0]), {}, now=20.0)
     c.submit(3, 2, torch.tensor([0.0]), {}, now=20.0)
-    assert c.poll_mean(3, 20.0)[0] == "wait"  # rank 0 is expected again
+    assert c.poll_mean(3, 0, 20.0)[0] == "wait"  # rank 0 is expected again
 
 
 def test_a_silent_evaluator_is_replaced_and_release_reaches_everyone():
     c = _coord()
     for rank in range(3):
         c.submit(1, rank, torch.tensor([float(rank)]), {}, now=0.0)
-    assert c.poll_mean(1, 0.0)[2]["evaluator"] == 0
+    assert c.poll_mean(1, 0, 0.0)[2]["evaluator"] == 0
     assert c.beat(1, 0, now=8.0) == "ok"
     assert c.poll_release(1, 1, now=15.0)[0] == "wait"  # beat at 8 s: still within 10 s
     assert c.poll_release(1, 2, now=18.5)[0] == "wait"  # rank 0 silent: rank 1 takes over, not 2
@@ -176,7 +181,7 @@ def test_the_next_round_starts_without_a_trainer_that_never_picks_up_the_release
     c = _coord()
     for rank in range(3):
         c.submit(1, rank, torch.tensor([1.0]), {}, now=0.0)
-    c.poll_mean(1, 0.0)
+    c.poll_mean(1, 0, 0.0)
     c.release(1, 0, torch.zeros(0), {}, now=1.0)
     c.poll_release(1, 1, now=1.0)
     assert c.poll_start(1, now=5.9) == "wait"  # rank 2 may still come
@@ -376,3 +381,72 @@ def test_resume_continues_the_rounds(tmp_path):
     # each trainer continued from its own step count (its checkpointed model and optimizer)
     for rank in ("0", "1"):
         assert s2["steps_per_trainer"][rank] > s1["steps_per_trainer"][rank]
+
+
+# ---- bench=tma and its report ---------------------------------------------------------------------------------
+def test_bench_tma_composes_and_every_job_is_a_valid_tma_or_distdgl_run():
+    from hydra import compose, initialize_config_dir
+
+    from degnn.config import CONF_DIR, register_configs
+
+    register_configs()
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        bench = compose("bench", overrides=["bench=tma"])
+        seen = set()
+        for suite in bench.bench.suites:
+            sweeps = [[o] if "[" in o else [f"{o.split('=', 1)[0]}={v}" for v in o.split("=", 1)[1].split(",")]
+                      for o in suite.overrides]
+            import itertools
+            for job in itertools.product(*sweeps):
+                cfg = compose("config", overrides=list(job))
+                if cfg.pipeline.name == "tma":
+                    OmegaConf.set_struct(cfg, True)
+                    TMAPipeline.prepare_launch(cfg, list(job))  # the launcher's own checks
+                    budget = parse_duration(cfg.pipeline.time_limit)
+                else:
+                    budget = cfg.train.time_limit_s
+                assert budget == 45 and cfg.cluster.machines == 4, suite.name
+                seen.add((cfg.pipeline.name, cfg.pipeline.get("variant"), cfg.cluster.bandwidth,
+                          cfg.pipeline.get("kill_rank"), tuple(cfg.pipeline.get("drop_parts", ()))))
+    for variant in VARIANT_PARTITION:
+        assert ("tma", variant, "100mbit", None, ()) in seen
+    assert ("distdgl", "default", "100mbit", None, ()) in seen and ("distdgl", "default", "1gbit", None, ()) in seen
+    assert ("tma", "random", "100mbit", 3, ()) in seen and ("tma", "random", "100mbit", None, (3,)) in seen
+
+
+def _fake(root, name, curve, **summary):
+    d = root / name
+    d.mkdir(parents=True)
+    base = {"status": "ok", "dataset": "wordnet", "machines": 4, "layers": 2, "model": "sage", "metric": "acc",
+            "bandwidth": "100mbit"}
+    (d / "summary.json").write_text(json.dumps({**base, **summary}))
+    (d / "curve.jsonl").write_text("".join(json.dumps({"train_time_s": t, "val": v}) + "\n" for t, v in curve))
+
+
+def test_report_has_the_tma_tables_without_variants_overwriting_each_other(tmp_path):
+    from benchmarks.report import write_report
+
+    _fake(tmp_path, "d/0", [(10, 0.60), (20, 0.70), (40, 0.72)], pipeline="distdgl", variant="default",
+          best_val=0.72, test=0.70, test_final=0.69, batches=400, trainers=4, train_time_s=40.0,
+          net_bytes_total=9e8, net_bytes_train=8e8)
+    tma = dict(pipeline="tma", trainers=4, rounds=5, train_time_s=45.0, averaging_bytes=2e6, net_bytes_total=1e8,
+               net_bytes_train=1000, steps_per_s_per_trainer={"0": 10.0, "1": 12.0})
+    _fake(tmp_path, "t/0", [(9, 0.65), (18, 0.715)], variant="random", best_val=0.715, test=0.71, test_final=0.70,
+          label_tv_mean=0.01, partition_method="random", **tma)
+    _fake(tmp_path, "t/1", [(9, 0.60), (18, 0.66)], variant="psgd-pa", best_val=0.66, test=0.65, test_final=0.65,
+          label_tv_mean=0.30, partition_method="metis", **tma)
+    _fake(tmp_path, "k/0", [(9, 0.64), (18, 0.70)], variant="random", best_val=0.70, test=0.695, test_final=0.69,
+          kill_rank=3, kill_at_s=15.0, trainers_alive=3, **tma)
+    text = write_report(tmp_path).read_text()
+    assert "### wordnet, 4 machines, 100mbit links, 2 layers" in text
+    assert "Target validation: 0.7100 (distdgl reached it at 40.0s)" in text
+    # RandomTMA reaches 0.71 at 18 s: 40 / 18 = 2.22x; PSGD-PA never does
+    assert "| tma/random | random | 0.010 | 0.7150 | 0.7100 | 0.7000 | 18.0 | 2.22x | 11.0 | 5 |" in text
+    assert "| tma/psgd-pa | metis | 0.300 | 0.6600 | 0.6500 | 0.6500 | – | – | 11.0 | 5 |" in text
+    assert "| distdgl | – | – | 0.7200 | 0.7000 | 0.6900 | 40.0 | 1.00x | 2.5 |" in text
+    # the failure run against the same method without it: 0.71 - 0.695 = 1.5 points
+    assert "| wordnet 100mbit | tma/random | rank 3 killed at 15s | 3 | 0.6950 | 0.7100 | +1.50 | ok |" in text
+    assert (tmp_path / "tma-curves-wordnet-100mbit.png").stat().st_size > 1000
+    # the general table tells the variants and the failure apart
+    assert "| tma/random | wordnet |" in text and "| tma/psgd-pa | wordnet |" in text
+    assert "| tma/random (rank 3 killed at 15s) | wordnet |" in text

@@ -350,6 +350,7 @@ class TMAPipeline(Pipeline):
         # round 0: the lowest rank's weights to everyone; the clocks start together
         self.client.call("submit", 0, self._flat(), {"stats": self.my_stats()})
         self._load_flat(self.client.wait("poll_mean", 0, ("mean",)).tensor)
+        self.client.wait("poll_start", 0, ("go",), category=None)
         for r in range(start_round + 1, self.rounds_total + 1):
             budget = min(self.sync_s, self.limit_s - (r - 1) * self.sync_s)
             t0 = time.time()

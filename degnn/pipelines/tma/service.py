@@ -17,8 +17,8 @@ starts identical, and the training clocks start together):
   4. the others `poll_release` until then. If the evaluator sends nothing for
      `evaluator_timeout`, it is counted dead and the next contributing rank is told to evaluate
      the round instead;
-  5. everyone `poll_start`s until every live contributor has the released weights (or
-     `round_timeout` has passed), and the next round's training starts.
+  5. everyone `poll_start`s until every live contributor has the released weights (round 0:
+     the initial weights), or `round_timeout` has passed, and the next round's training starts.
 
 The server loop is single-threaded and has no timers, so deadlines are checked whenever a request
 arrives (trainers poll every few tens of milliseconds while they wait). Every request is answered,
@@ -58,6 +58,8 @@ class _Round:
         self.release_meta: dict = {}
         self.release_t = 0.0
         self.picked: set = set()  # ranks that have the released weights
+        self.got_mean: set = set()  # ranks that have the mean (round 0: the initial weights)
+        self.close_t = 0.0
 
 
 class Coordinator:
@@ -95,7 +97,7 @@ class Coordinator:
         rd.mean = rd.init if r == 0 else rd.sum / rd.wsum
         rd.sum = None
         rd.evaluator = min(rd.contributors)
-        rd.last_beat = now
+        rd.last_beat = rd.close_t = now
 
     def submit(self, r: int, rank: int, tensor: torch.Tensor, meta: dict, now: float) -> str:
         rd = self._round(r)
@@ -122,11 +124,12 @@ class Coordinator:
         self._close_if_due(r, now)
         return "ok"
 
-    def poll_mean(self, r: int, now: float):
+    def poll_mean(self, r: int, rank: int, now: float):
         rd = self._round(r)
         self._close_if_due(r, now)
         if not rd.closed:
             return "wait", EMPTY, {}
+        rd.got_mean.add(rank)
         return "mean", rd.mean.to(torch.float32), self._round_meta(rd)
 
     def _round_meta(self, rd: _Round) -> dict:
@@ -157,10 +160,16 @@ class Coordinator:
         release): the next round starts together everywhere, and no averaging traffic is still
         under way while a trainer trains (the wire counters of the training intervals stay clean)."""
         rd = self._round(r)
-        if not rd.released:
-            return "wait"
-        waiting = (set(rd.contributors) & self.alive) - rd.picked
-        return "go" if not waiting or now - rd.release_t > self.round_timeout_s else "wait"
+        if r == 0:  # the start: every live trainer has the initial weights
+            if not rd.closed:
+                return "wait"
+            have, since = rd.got_mean, rd.close_t
+        else:
+            if not rd.released:
+                return "wait"
+            have, since = rd.picked, rd.release_t
+        waiting = (set(rd.contributors) & self.alive) - have
+        return "go" if not waiting or now - since > self.round_timeout_s else "wait"
 
     def poll_release(self, r: int, rank: int, now: float):
         rd = self._round(r)
@@ -222,7 +231,7 @@ class AvgRequest(rpc.Request):
         if self.op == "submit":
             return AvgResponse(coord.submit(self.round, self.rank, self.tensor, self.meta, now), EMPTY, {})
         if self.op == "poll_mean":
-            return AvgResponse(*coord.poll_mean(self.round, now))
+            return AvgResponse(*coord.poll_mean(self.round, self.rank, now))
         if self.op == "beat":
             return AvgResponse(coord.beat(self.round, self.rank, now), EMPTY, {})
         if self.op == "release":
