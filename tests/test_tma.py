@@ -450,3 +450,19 @@ def test_report_has_the_tma_tables_without_variants_overwriting_each_other(tmp_p
     # the general table tells the variants and the failure apart
     assert "| tma/random | wordnet |" in text and "| tma/psgd-pa | wordnet |" in text
     assert "| tma/random (rank 3 killed at 15s) | wordnet |" in text
+
+
+@netns
+def test_distdgl_honours_the_same_wall_time_budget(tmp_path):
+    """bench=tma gives distdgl the TMA runs' budget: train.time_limit_s stops it after the epoch
+    in which its training time (evaluation excluded) reached the limit."""
+    run_dir = tmp_path / "run"
+    r = subprocess.run([PY, "-m", "degnn.launch", "pipeline=distdgl", "cluster=netns", "cluster.machines=2",
+                        "dataset=synthetic-tiny", "train.epochs=500", "train.time_limit_s=3",
+                        f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s, curve = _summary(run_dir), read_curve(run_dir)
+    assert s["status"] == "ok" and 1 <= s["epochs"] < 500
+    assert curve[-1]["train_time_s"] >= 3 > curve[-2]["train_time_s"] if len(curve) > 1 else curve[-1]["train_time_s"] >= 3
+    assert "val" in curve[-1]  # the last epoch is evaluated
+    assert "time limit" in (run_dir / "rank0.log").read_text()

@@ -51,6 +51,9 @@ class Pipeline:
     # launcher lets the others finish when a trainer dies, still stops on a dead server, and stops
     # the servers when the trainers are done (DGL's servers would wait for the dead client forever).
     tolerates_trainer_faults = False
+    # (tolerates_trainer_faults only) whether every trainer was alive at the end, so that DGL's
+    # exit barrier can complete (entry.py)
+    all_trainers_alive = False
 
     @classmethod
     def prepare_launch(cls, cfg, task_overrides) -> List[str]:
@@ -136,20 +139,9 @@ class Pipeline:
                 "train_time_s": 0.0, "epoch_times": [], "batches": 0, "bad_evals": 0, "bytes": {},
                 "wire_train_bytes": 0}
 
-    def restore(self, ckpt: dict, state: dict) -> None:
-        """Resume step: model, optimizer, loop state, RNG and counters from a checkpoint."""
-        ctx = self.ctx
-        self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        state.update(ckpt["state"])
-        set_rng_state(ckpt["rng"][ctx.rank])
-        self.batches = state["batches"]
-        self.wire_train_bytes = state["wire_train_bytes"]
-        for k, v in state["bytes"].items():
-            ctx.counter.add(k, v)
-
     def continue_curve(self, key: str, upto: int) -> None:
-        """Resume step: the curve continues with the records (`key` <= `upto`) of the run we resume."""
+        """Resume step of a loop that is not the epoch loop: the curve continues with the records
+        (`key` <= `upto`) of the run we resume."""
         if self.is_writer:
             for rec in read_curve(Path(self.cfg.resume)):
                 if rec.get(key, 0) <= upto:
@@ -173,9 +165,19 @@ class Pipeline:
         state = self.new_state()
         ckpt = self._load_resume()
         if ckpt is not None:
-            self.restore(ckpt, state)
-            self.continue_curve("epoch", state["epoch"])
+            self.model.load_state_dict(ckpt["model"])
+            self.optimizer.load_state_dict(ckpt["optimizer"])
+            state.update(ckpt["state"])
+            set_rng_state(ckpt["rng"][ctx.rank])
+            self.batches = state["batches"]
+            self.wire_train_bytes = state["wire_train_bytes"]
+            for k, v in state["bytes"].items():
+                ctx.counter.add(k, v)
             if ctx.is_rank0:
+                # the curve continues: keep the finished epochs of the run we resume
+                for rec in read_curve(Path(cfg.resume)):
+                    if rec["epoch"] <= state["epoch"]:
+                        append_curve(run_dir, rec)
                 self.log.info("resumed from %s after epoch %d", cfg.resume, state["epoch"])
         if ctx.is_rank0:
             (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))

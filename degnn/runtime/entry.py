@@ -136,16 +136,19 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     if pipeline.is_writer and not os.environ.get("DEGNN_LAUNCHED"):
         # (degnn.launch prints it itself, once it has added the wire counters)
         print(result_line(summary), flush=True)
-    if not gloo:
+    if not gloo and (os.environ.get("DEGNN_LAUNCHED") or not pipeline.all_trainers_alive):
         # DGL's exit handler (exit_client) starts with a barrier of all clients on server 0, which
-        # never completes when a trainer is dead: leave without it. The launcher stops the servers.
+        # never completes when a trainer is dead: leave without it; degnn's launcher stops the
+        # servers. (Started by DGL's launch.py with every trainer alive, the normal exit below
+        # lets DGL shut its servers down, as launch.py expects.)
         log.info("trainer done; leaving without DGL's client barrier")
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)
-    dist.barrier()
-    dist.destroy_process_group()
+    if gloo:
+        dist.barrier()
+        dist.destroy_process_group()
     return rc
 
 

@@ -291,6 +291,7 @@ class TMAPipeline(Pipeline):
         self.keep_best(state, val, test, r)
         state["epoch"] = r
         state["trainers_alive"] = len(meta["contributors"])
+        state["all_alive"] = sorted(meta["contributors"]) == sorted(self.active) and not meta["dead"]
         stats = meta["stats"]
         record = {"round": r, "epoch": round(min(s.get("local_epochs", 0.0) for s in stats.values()), 3),
                   "train_time_s": round(state["train_time_s"], 3), "wall_s": round(time.time() - self.wall0, 3),
@@ -310,7 +311,8 @@ class TMAPipeline(Pipeline):
             self.final_summary(state, meta)
         self._beat_off()
         shared = {k: state[k] for k in ("train_time_s", "best_val", "best_test", "best_epoch", "test_final",
-                                        "epoch", "epoch_times", "trainers_alive", "coordinator_log")}
+                                        "epoch", "epoch_times", "trainers_alive", "all_alive",
+                                        "coordinator_log")}
         # (the corrected weights were counted in advance as every trainer's download)
         res = self.client.call("release", r, corrected, {"state": shared}, category=None)
         if res.status != "ok":
@@ -342,7 +344,8 @@ class TMAPipeline(Pipeline):
         if self.dropped:
             # the paper's simulated failure: this partition is never trained; wait for the end
             self.client.poll_s = 1.0
-            self.client.wait("poll_release", self.rounds_total, ("released",))
+            rel = self.client.wait("poll_release", self.rounds_total, ("released",))
+            self.all_trainers_alive = bool(rel.meta["state"].get("all_alive"))
             self.log.info("partition %d was dropped (pipeline.drop_parts): the run is over", self.part)
             return {"status": "ok"}
         if ctx.rank == min(self.active):
@@ -394,6 +397,7 @@ class TMAPipeline(Pipeline):
                 state.update(rel.meta["state"])
                 break
             self._save_own(r)
+            self.all_trainers_alive = bool(state.get("all_alive"))
             if r < self.rounds_total:
                 self.client.wait("poll_start", r, ("go",), category=None)
         return self.written_summary or {"status": "ok"}
