@@ -27,7 +27,6 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from degnn.models import build_model
 from degnn.pipelines.distdgl import sampling_bytes
-from degnn.pipelines.evaluation import remote_rows
 from degnn.runtime.compat import DistNodeDataLoader, NeighborSampler
 
 
@@ -112,8 +111,9 @@ class Corrector:
         g = self.g
         for _ in range(steps):
             input_nodes, seeds, blocks = self._batch()
-            self.counter.add("correction", sampling_bytes(self.pb, blocks)
-                             + remote_rows(self.pb, input_nodes) * (self.feat_row_bytes + ID_BYTES))
+            remote = self.pb.nid2partid(input_nodes) != self.pb.partid
+            self.counter.add("correction", sampling_bytes(remote, blocks)
+                             + int(remote.sum()) * (self.feat_row_bytes + ID_BYTES))
             x = g.ndata["feat"][input_nodes].float()
             y = g.ndata["label"][seeds].long()
             loss = F.cross_entropy(self.model(blocks, x), y)
