@@ -285,6 +285,7 @@ def test_each_variant_trains_averages_and_evaluates_on_two_machines(tmp_path, va
     curve = read_curve(run_dir)
     assert [c["round"] for c in curve] == [1, 2]
     assert all(c["trainers"] == [0, 1] and set(c["steps"]) == {"0", "1"} for c in curve)
+    assert sum(c["averaging_bytes"] for c in curve) == s["averaging_bytes"] - 4 * s["param_bytes"]  # - round 0
     assert curve[1]["train_time_s"] > curve[0]["train_time_s"] >= 4
     assert (run_dir / "best_model.pt").is_file() and (run_dir / "tma_rank1.pt").is_file()
     _nothing_left(run_dir)

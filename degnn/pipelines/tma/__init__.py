@@ -298,6 +298,8 @@ class TMAPipeline(Pipeline):
                   "val": val, "test": test, "trainers": meta["contributors"],
                   "steps": {str(k): s.get("round_steps", 0) for k, s in stats.items()},
                   "round_time_s": round(round_s + corr_s, 3),
+                  # parameters up and the mean down per contributor (LLCG: the corrected weights too)
+                  "averaging_bytes": self.param_bytes * (3 if corrected is not None else 2) * len(meta["contributors"]),
                   "loss": (sum(losses.values()) / len(losses)) if losses else None}
         append_curve(ctx.run_dir, record)
         self.log.info("round %d/%d: val %.4f, test %.4f, %d trainers (%s steps), %.1fs%s", r, self.rounds_total,
@@ -367,7 +369,7 @@ class TMAPipeline(Pipeline):
             self.batches = self.steps
             # the stats travel with the submission, so they count this round's averaging traffic
             # in advance: parameters up, the mean down (LLCG: the corrected weights down too)
-            round_bytes = self.param_bytes * (3 if p.variant == "llcg" else 2)
+            round_bytes = self.param_bytes * (3 if p.variant == "llcg" and p.corr_steps > 0 else 2)
             self.ctx.counter.add("averaging", round_bytes)
             stats = {**self.my_stats(), "round_steps": self.steps - steps0, "loss": loss}
             self.client.call("submit", r, self._flat(), {"weight": self.weight, "stats": stats},
