@@ -116,6 +116,8 @@ class TMAConfig(PipelineConfig):
     # for `kill_at` (a real death: no clean-up, nothing said to anyone)
     kill_rank: Optional[int] = None
     kill_at: str = "0s"
+    # train: at the first step past `kill_at`; eval: in the first evaluation it leads after that
+    kill_during: str = "train"
 
 
 @dataclass

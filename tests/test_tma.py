@@ -70,6 +70,7 @@ def _cfg(*overrides):
     (["pipeline.drop_parts=[0,1,2,3]"], "drops every partition"),
     (["pipeline.kill_rank=4"], "pipeline.kill_rank=4"),
     (["pipeline.kill_at=later"], "pipeline.kill_at='later' is not a duration"),
+    (["pipeline.kill_during=setup"], "pipeline.kill_during='setup'"),
     (["cluster.trainers_per_machine=2"], "cluster.trainers_per_machine=1"),
     (["dataset=wordnet-link"], "trains node classification"),
 ])
@@ -328,14 +329,16 @@ def _kill_trainer_after_round(run_dir, p, rank: int, after_round: int) -> int:
 
 
 @netns
-@pytest.mark.parametrize("victim", [2, 0], ids=["rank2-of-4-killed-from-outside", "rank0-the-evaluator-of-3-kills-itself"])
+@pytest.mark.parametrize("victim", [2, 0], ids=["rank2-of-4-killed-from-outside",
+                                                "rank0-the-evaluator-of-3-dies-while-evaluating"])
 def test_a_trainer_killed_mid_run_does_not_stop_training(tmp_path, victim):
-    """Rank 2 of 4 SIGKILLed by the test after round 1; or rank 0, the evaluating trainer (whose
-    role the lowest live rank takes over), SIGKILLing itself 6 s into training (pipeline.kill_rank,
-    the benchmarks' fault injection)."""
+    """Rank 2 of 4 SIGKILLed by the test after round 1; or rank 0, the evaluating trainer,
+    SIGKILLing itself in the middle of round 2's evaluation (pipeline.kill_rank, the benchmarks'
+    fault injection): after evaluator_timeout the lowest live rank evaluates round 2 instead."""
     run_dir = tmp_path / "run"
     machines = 4 if victim == 2 else 3
-    inject = [] if victim == 2 else [f"pipeline.kill_rank={victim}", "pipeline.kill_at=6s"]
+    inject = [] if victim == 2 else [f"pipeline.kill_rank={victim}", "pipeline.kill_at=6s",
+                                     "pipeline.kill_during=eval"]
     p = subprocess.Popen([PY, *BASE, f"cluster.machines={machines}", "pipeline.time_limit=20s",
                           "pipeline.sync_every=4s", "pipeline.round_timeout=3s", "pipeline.evaluator_timeout=6s",
                           *inject, f"hydra.run.dir={run_dir}"], cwd=REPO, stdout=subprocess.PIPE,
@@ -356,13 +359,48 @@ def test_a_trainer_killed_mid_run_does_not_stop_training(tmp_path, victim):
     assert s["trainers_alive"] == machines - 1 and s["trainers_died"] == [victim]
     assert s["trainers_dead_ranks"] == [victim] and victim not in s["trainers_alive_ranks"]
     if victim == 0:
-        assert "killing myself (SIGKILL) after 6.0s of training" in (run_dir / "rank0.log").read_text()
+        assert "killing myself (SIGKILL) in the evaluation of round 2" in (run_dir / "rank0.log").read_text()
+        assert "round 2: taking over evaluation from rank 0" in (run_dir / "rank1.log").read_text()
+        assert "evaluator rank 0 silent" in (run_dir / "rank1.log").read_text()
     curve = read_curve(run_dir)
     assert [c["round"] for c in curve] == [1, 2, 3, 4, 5]  # every round evaluated exactly once
     assert curve[0]["trainers"] == list(range(machines))
     assert curve[-1]["trainers"] == [r for r in range(machines) if r != victim]
+    if victim == 0:  # it had submitted round 2 before it died evaluating it
+        assert curve[1]["trainers"] == [0, 1, 2]
     assert s["best_val"] > 0.4
     assert s["net_bytes_train"] < s["param_bytes"], s["net_bytes_train_per_trainer"]
+    _nothing_left(run_dir)
+
+
+@netns
+def test_a_hung_trainer_is_left_behind_and_stopped_at_the_end(tmp_path):
+    """SIGSTOP (not kill) rank 2 of 3 after round 1: the coordinator counts it dead at the next
+    deadline, the others finish, and the launcher stops the hung process fault_timeout_s later."""
+    run_dir = tmp_path / "run"
+    p = subprocess.Popen([PY, *BASE, "cluster.machines=3", "pipeline.time_limit=12s", "pipeline.sync_every=4s",
+                          "pipeline.round_timeout=3s", "cluster.fault_timeout_s=5", f"hydra.run.dir={run_dir}"],
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 200
+        pid = None
+        while pid is None and time.monotonic() < deadline and p.poll() is None:
+            if read_curve(run_dir):
+                pid = next((q for q in fake_entry.processes_mentioning(str(run_dir))
+                            if _env_of(q).get("RANK") == "2" and _env_of(q).get("DGL_ROLE") == "client"), None)
+            time.sleep(0.2)
+        assert pid, "round 1 never came"
+        os.kill(pid, signal.SIGSTOP)
+        out, err = p.communicate(timeout=200)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, err[-3000:]
+    assert f"trainer rank 2 (machine 2) pid {pid} still runs 5s after the others finished" in err
+    s = _summary(run_dir)
+    assert s["status"] == "ok" and s["trainers_alive"] == 2 and s["trainers_died"] == [2]
+    assert [c["trainers"] for c in read_curve(run_dir)] == [[0, 1, 2], [0, 1], [0, 1]]
     _nothing_left(run_dir)
 
 

@@ -12,8 +12,9 @@ because the rest would hang (servers wait for their clients forever, trainers bl
 The fault policy is the pipeline's (`Pipeline.tolerates_trainer_faults`). With
 `tolerate_trainer_faults` (TMA) a trainer that dies is named and the others go on; the run
 succeeds when every trainer has exited and at least one exited 0, and the servers are then
-stopped at once (they never shut down by themselves: DGL's shutdown needs every client). A dead
-server, or every trainer dead, is still a fault.
+stopped at once (they never shut down by themselves: DGL's shutdown needs every client). A
+trainer still running `fault_timeout_s` after another one finished is hung and is stopped too.
+A dead server, or every trainer dead, is still a fault.
 """
 from __future__ import annotations
 
@@ -254,6 +255,19 @@ class Supervisor:
             if self.tolerate_trainer_faults:
                 if all(r.rc is not None for r in trainers):
                     # the servers wait for the dead trainers forever: stop them now (run() does)
+                    out.ok = True
+                    return out
+                # a trainer still running `fault_timeout_s` after another one finished its run is
+                # hung (e.g. stopped): the others left it behind; stop it with the servers
+                if done_at is None and any(r.rc == 0 for r in trainers):
+                    done_at = time.monotonic()
+                if done_at is not None and time.monotonic() - done_at > self.fault_timeout_s:
+                    for r in trainers:
+                        if r.rc is None:
+                            out.dead_trainers.append(r.proc)
+                            self.say(f"{r.proc.describe()} pid {r.popen.pid} still runs "
+                                     f"{self.fault_timeout_s:.0f}s after the others finished; "
+                                     f"stopping it; log: {r.proc.log}")
                     out.ok = True
                     return out
                 time.sleep(self.poll_s)

@@ -30,6 +30,7 @@ restores both and continues with the rounds left in the budget.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -120,6 +121,8 @@ class TMAPipeline(Pipeline):
         if len(drop) >= k:
             raise ValueError(f"pipeline.drop_parts={drop} drops every partition: nothing would train")
         parse_duration(p.kill_at, "pipeline.kill_at")
+        if p.kill_during not in ("train", "eval"):
+            raise ValueError(f"pipeline.kill_during={p.kill_during!r}: choose train or eval")
         if p.kill_rank is not None and not 0 <= p.kill_rank < k:
             raise ValueError(f"pipeline.kill_rank={p.kill_rank}: give a trainer rank 0..{k - 1}")
         # the variant picks the partition unless the user chose one
@@ -225,10 +228,8 @@ class TMAPipeline(Pipeline):
         total, n = 0.0, 0
         t_start = time.time()
         while time.time() < t_end:
-            if self.kill_at is not None and self.train_s + time.time() - t_start >= self.kill_at:
-                self.log.warning("pipeline.kill_rank=%d: killing myself (SIGKILL) after %.1fs of training",
-                                 self.ctx.rank, self.kill_at)
-                os.kill(os.getpid(), signal.SIGKILL)
+            if self.cfg.pipeline.kill_during == "train":
+                self._maybe_die(self.train_s + time.time() - t_start, "training")
             input_nodes, seeds, blocks = self._next_batch()
             x = g.ndata["feat"][input_nodes]
             y = g.ndata["label"][seeds]
@@ -242,6 +243,14 @@ class TMAPipeline(Pipeline):
             total += loss.item()
             n += 1
         return n, (total / n if n else float("nan"))
+
+    def _maybe_die(self, trained_s: float, where: str) -> None:
+        """Fault injection (pipeline.kill_rank): SIGKILL this process once it trained `kill_at`."""
+        if self.kill_at is not None and trained_s >= self.kill_at:
+            self.log.warning("pipeline.kill_rank=%d: killing myself (SIGKILL) in %s after %.1fs of "
+                             "training", self.ctx.rank, where, trained_s)
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def my_stats(self) -> dict:
         return {"rank": self.ctx.rank, "part": self.part, "steps": self.steps, "train_s": round(self.train_s, 3),
@@ -272,6 +281,8 @@ class TMAPipeline(Pipeline):
         """Evaluate (LLCG: correct first) the averaged model of round r and release the round."""
         cfg, ctx = self.cfg, self.ctx
         self.eval_round, self.last_beat = r, 0.0
+        if cfg.pipeline.kill_during == "eval":
+            self._maybe_die(self.train_s, f"the evaluation of round {r}")
         whole = self._whole()
         corrected = None
         corr_s = 0.0
