@@ -25,18 +25,63 @@ def collect(results: Path) -> List[dict]:
         s["_dir"] = path.parent
         s["_rel"] = str(path.parent.relative_to(results))
         s["_curve"] = read_curve(path.parent)
+        s["_config"] = run_config(s)
         runs.append(s)
     for path in sorted(results.rglob("launch.log")):  # runs that died before writing a summary
         if not (path.parent / "summary.json").exists():
-            runs.append({"_dir": path.parent, "_rel": str(path.parent.relative_to(results)), "status": "failed", "pipeline": "?", "dataset": "?", "_curve": []})
+            runs.append({"_dir": path.parent, "_rel": str(path.parent.relative_to(results)), "status": "failed", "pipeline": "?", "dataset": "?", "_curve": [], "_config": {}})
     return runs
 
 
-def label(s: dict) -> str:
+def run_config(s: dict) -> dict:
+    """The run's own config.yaml (written by its trainers), {} when there is none."""
+    path = Path(s["_dir"]) / "config.yaml"
+    if not path.is_file():
+        return {}
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.to_container(OmegaConf.load(path))
+    except Exception:  # noqa: BLE001 - a report must not die on one odd run
+        return {}
+
+
+def bandwidth(s: dict) -> Optional[str]:
+    if s.get("bandwidth") is not None:
+        return s["bandwidth"]
+    return (s.get("_config", {}).get("cluster") or {}).get("bandwidth")
+
+
+def failure(s: dict) -> Optional[str]:
+    """The failure a TMA run injected ('rank 3 killed at 15s', 'part 3 dropped'), or None."""
+    parts = []
+    if s.get("kill_rank") is not None:
+        parts.append(f"rank {s['kill_rank']} killed at {s.get('kill_at_s', 0):.0f}s")
+    if s.get("drop_parts"):
+        parts.append("part " + ",".join(map(str, s["drop_parts"])) + " dropped")
+    return "; ".join(parts) or None
+
+
+def method(s: dict) -> str:
     name = s.get("pipeline", "?")
     if s.get("variant") not in (None, "default"):
         name += f"/{s['variant']}"
-    return f"{name} {s.get('dataset')} L{s.get('layers')} M{s.get('machines')}"
+    return name
+
+
+def group_key(s: dict) -> tuple:
+    """Runs are told apart by pipeline, variant, dataset, layers, machines, bandwidth and failure."""
+    return (s.get("pipeline"), s.get("variant"), s.get("dataset"), s.get("layers"), s.get("machines"),
+            bandwidth(s), failure(s))
+
+
+def label(s: dict) -> str:
+    text = f"{method(s)} {s.get('dataset')} L{s.get('layers')} M{s.get('machines')}"
+    if bandwidth(s):
+        text += f" {bandwidth(s)}"
+    if failure(s):
+        text += f" ({failure(s)})"
+    return text
 
 
 def fmt(v, spec: str = ".4f") -> str:
@@ -54,8 +99,9 @@ def table(runs: List[dict]) -> List[str]:
              "|" + "---|" * 16]
     for s in runs:
         lines.append("| " + " | ".join([
-            str(s.get("pipeline")), str(s.get("dataset")), str(s.get("model", "–")), str(s.get("layers", "–")),
-            str(s.get("machines", "–")), str(s.get("status")), fmt(s.get("best_val")), fmt(s.get("test")),
+            method(s) + (f" ({failure(s)})" if failure(s) else ""), str(s.get("dataset")),
+            str(s.get("model", "–")), str(s.get("layers", "–")),
+            str(s.get("machines", "–")) + (f" × {bandwidth(s)}" if bandwidth(s) else ""), str(s.get("status")), fmt(s.get("best_val")), fmt(s.get("test")),
             str(s.get("epochs", "–")), fmt(s.get("train_time_s"), ".1f"), fmt(s.get("epoch_time_s"), ".2f"),
             kb(s.get("net_bytes_per_batch")), kb(s.get("app_bytes_per_batch")),
             kb(s.get("allreduce_bytes_per_batch")), fmt(s.get("peak_rss_mb_trainer"), ".0f"),
@@ -67,13 +113,19 @@ def table(runs: List[dict]) -> List[str]:
 def comparisons(runs: List[dict]) -> List[str]:
     """The quality bars: accuracy against the single-process reference, bytes 2 -> 3 layers."""
     ok = [s for s in runs if s.get("status") == "ok"]
-    by_key: Dict[tuple, dict] = {(s["pipeline"], s["dataset"], s.get("layers")): s for s in ok}
+    # one run per group: variants, bandwidths and failures must not overwrite each other
+    by_key: Dict[tuple, dict] = {group_key(s): s for s in ok}
+    refs = {(s["dataset"], s.get("layers")): s for s in ok if s.get("pipeline") == "single"}
     out = []
     acc_rows = []
-    for (pipe, ds, layers), s in sorted(by_key.items(), key=lambda kv: str(kv[0])):
-        ref = by_key.get(("single", ds, layers))
-        if pipe == "single" or ref is None:
+    for key, s in sorted(by_key.items(), key=lambda kv: str(kv[0])):
+        pipe, ds, layers = s["pipeline"], s["dataset"], s.get("layers")
+        ref = refs.get((ds, layers))
+        if pipe == "single" or ref is None or failure(s):
             continue
+        if pipe == "tma":  # a fixed time budget, not trained to convergence: its own table
+            continue
+        pipe = method(s) + (f" {bandwidth(s)}" if bandwidth(s) else "")
         diff = (s["test"] - ref["test"]) * 100
         acc_rows.append(f"| {pipe} | {ds} | {layers} | {fmt(s['test'])} | {fmt(ref['test'])} | {diff:+.2f} | "
                         f"{s['epochs']} / {ref['epochs']} | {fmt(s['train_time_s'], '.0f')} / "
@@ -86,10 +138,12 @@ def comparisons(runs: List[dict]) -> List[str]:
                 "epochs (dist / single) | train time s (dist / single) |", "|---|---|---|---|---|---|---|---|",
                 *acc_rows, ""]
     growth = []
-    for (pipe, ds, layers), s in sorted(by_key.items(), key=lambda kv: str(kv[0])):
-        deeper = by_key.get((pipe, ds, (layers or 0) + 1))
+    for key, s in sorted(by_key.items(), key=lambda kv: str(kv[0])):
+        pipe, ds, layers = s["pipeline"], s["dataset"], s.get("layers")
+        deeper = by_key.get(key[:3] + ((layers or 0) + 1,) + key[4:])
         if pipe == "single" or deeper is None:
             continue
+        pipe = method(s) + (f" {bandwidth(s)}" if bandwidth(s) else "")
         for key in ("net_bytes_per_batch", "app_bytes_per_batch"):
             a, b = s.get(key), deeper.get(key)
             if a and b:
@@ -140,6 +194,126 @@ def parity(runs: List[dict]) -> List[str]:
             "| dataset | layers | fan-outs | epochs | epoch s (distdgl / plain) | time ratio | "
             "net KB/batch (distdgl / plain) | bytes ratio | test (distdgl / plain) | difference (points) |",
             "|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+
+
+def time_to(curve: List[dict], target: float) -> Optional[float]:
+    """Training time of the first evaluation at or above `target` (None if never)."""
+    for r in curve:
+        if r.get("val") is not None and r["val"] >= target:
+            return r["train_time_s"]
+    return None
+
+
+def label_tv(s: dict) -> Optional[float]:
+    """Mean label total-variation distance of the run's partitions (partitioners' stats.json)."""
+    if s.get("label_tv_mean") is not None:
+        return s["label_tv_mean"]
+    cfg = s.get("_config") or {}
+    part, ds = cfg.get("partition"), cfg.get("dataset")
+    if not part or not ds:
+        return None
+    path = Path(str(part.get("root"))) / str(ds.get("name")) / \
+        f"{part.get('method')}-k{part.get('num_parts')}-s{part.get('seed')}" / "stats.json"
+    try:
+        return json.loads(path.read_text()).get("label_tv_mean")
+    except (OSError, ValueError):
+        return None
+
+
+def steps_per_s(s: dict) -> Optional[float]:
+    """Local steps per second of training, per trainer (mean over trainers)."""
+    per = s.get("steps_per_s_per_trainer")
+    if per:
+        vals = [v for v in per.values() if v]
+        return sum(vals) / len(vals) if vals else None
+    if s.get("batches") and s.get("train_time_s") and s.get("trainers"):
+        return s["batches"] / s["trainers"] / s["train_time_s"]
+    return None
+
+
+def mb(v) -> str:
+    return "–" if v is None else f"{v / 1e6:,.2f}"
+
+
+def tma_section(runs: List[dict], results: Path) -> List[str]:
+    """TMA against the synchronous baseline under one wall-time budget (bench=tma)."""
+    ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("tma", "distdgl")]
+    if not any(s.get("pipeline") == "tma" for s in ok):
+        return []
+    out = ["## TMA against the synchronous baseline (same wall-time budget)", "",
+           "Training time excludes evaluation for every method (the paper's clock). Target = the "
+           "distdgl run's best validation − 1 point; speed-up = distdgl's time to the target / the "
+           "method's. Wire MB: bytes every machine's link sent over the whole run (netns veth), and "
+           "during local training only (TMA: between rounds); averaging MB: parameters up and means "
+           "down, counted by degnn. Label TV: the partitions' mean label total-variation distance "
+           "to the whole graph.", ""]
+    groups: Dict[tuple, List[dict]] = defaultdict(list)
+    for s in ok:
+        groups[(s.get("dataset"), s.get("machines"), bandwidth(s), s.get("layers"))].append(s)
+    fails = []
+    for (ds, machines, bw, layers), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        base = next((s for s in group if s["pipeline"] == "distdgl" and not failure(s)), None)
+        target = base["best_val"] - 0.01 if base and base.get("best_val") is not None else None
+        t_base = time_to(base["_curve"], target) if base and target is not None else None
+        out += [f"### {ds}, {machines} machines, {bw or 'unlimited'} links, {layers} layers", "",
+                f"Target validation: {fmt(target)}" + (f" (distdgl reached it at {t_base:.1f}s)" if t_base else ""),
+                "", "| method | partition | label TV | best val | test (best val) | test (final) | "
+                "time to target (s) | speed-up | steps/s per trainer | rounds / epochs | train time (s) | "
+                "wire MB | wire MB in training | averaging MB | run |", "|" + "---|" * 15]
+        order = {"distdgl": 0, "tma/random": 1, "tma/supernode": 2, "tma/psgd-pa": 3, "tma/llcg": 4}
+        for s in sorted((s for s in group if not failure(s)), key=lambda s: order.get(method(s), 9)):
+            t = time_to(s["_curve"], target) if target is not None else None
+            speed = f"{t_base / t:.2f}x" if (t and t_base) else "–"
+            part = s.get("partition_method") or (s.get("_config", {}).get("partition") or {}).get("method")
+            out.append("| " + " | ".join([
+                method(s), str(part or "–"), fmt(label_tv(s), ".3f"), fmt(s.get("best_val")), fmt(s.get("test")),
+                fmt(s.get("test_final")), fmt(t, ".1f"), speed, fmt(steps_per_s(s), ".1f"),
+                str(s.get("rounds", s.get("epochs", "–"))), fmt(s.get("train_time_s"), ".1f"),
+                mb(s.get("net_bytes_total")), mb(s.get("net_bytes_train")), mb(s.get("averaging_bytes")),
+                f"`{s['_rel']}`"]) + " |")
+        out.append("")
+        for s in group:
+            if failure(s):
+                ref = next((r for r in group if method(r) == method(s) and not failure(r)), None)
+                drop = (ref["test"] - s["test"]) * 100 if ref and ref.get("test") is not None else None
+                fails.append("| " + " | ".join([
+                    f"{ds} {bw or ''}", method(s), failure(s), str(s.get("trainers_alive", "–")),
+                    fmt(s.get("test")), fmt(ref.get("test") if ref else None), fmt(drop, "+.2f"),
+                    str(s.get("status")), f"`{s['_rel']}`"]) + " |")
+        png = plot_tma(group, base, target, results / f"tma-curves-{ds}-{bw or 'unlimited'}.png")
+        if png:
+            out += [f"![{ds} {bw}]({png.name})", ""]
+    if fails:
+        out += ["### Failures", "", "Test at the best validation point; drop = the same method's run without "
+                "the failure minus this one (points).", "",
+                "| dataset | method | failure | trainers alive | test | test without failure | drop (points) | "
+                "status | run |", "|" + "---|" * 9, *fails, ""]
+    return out
+
+
+def plot_tma(group: List[dict], base: Optional[dict], target: Optional[float], path: Path) -> Optional[Path]:
+    """Validation against training time, every method of one dataset and bandwidth (failures dashed)."""
+    curves = [s for s in group if s["_curve"]]
+    if not curves:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for s in sorted(curves, key=label):
+        pts = [(r["train_time_s"], r["val"]) for r in s["_curve"] if r.get("val") is not None]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", markersize=3, linestyle="--" if failure(s) else "-",
+                    label=method(s) + (f" ({failure(s)})" if failure(s) else ""))
+    if target is not None:
+        ax.axhline(target, color="grey", linewidth=0.8, linestyle=":", label="distdgl best − 1 pt")
+    s0 = group[0]
+    ax.set_title(f"{s0.get('dataset')}, {s0.get('machines')} machines, {bandwidth(s0) or 'unlimited'}")
+    ax.set_xlabel("training time (s, evaluation excluded)")
+    ax.set_ylabel(f"validation {s0.get('metric', 'acc')}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def plot_curves(runs: List[dict], path: Path) -> Optional[Path]:
@@ -198,6 +372,7 @@ def write_report(results: Path, title: str = "degnn benchmark") -> Path:
     lines += table(runs) + [""]
     lines += comparisons(runs)
     lines += parity(runs)
+    lines += tma_section(runs, results)
     curves = plot_curves(runs, results / "curves.png")
     bytes_png = plot_bytes(runs, results / "bytes_per_batch.png")
     if curves:

@@ -70,6 +70,9 @@ class TrainConfig:
     checkpoint_every: int = 1
     # rank 0 trains its epochs under cProfile and writes <run dir>/profile_rank0.txt
     profile: bool = False
+    # stop after the epoch during which training time (evaluation excluded) reached this many
+    # seconds (0 = no limit): a wall-time budget like pipeline=tma's time_limit, for benchmarks
+    time_limit_s: float = 0.0
 
 
 @dataclass
@@ -77,6 +80,44 @@ class PipelineConfig:
     # distdgl | lamp | tma
     name: str = MISSING
     variant: str = "default"
+
+
+@dataclass
+class TMAConfig(PipelineConfig):
+    """pipeline=tma (degnn/pipelines/tma): the schema of conf/pipeline/tma.yaml only, so a mistyped
+    TMA key fails at compose time and `pipeline=distdgl` has none of these keys.
+
+    Durations are strings ("30s", "2min", "1h") or plain seconds; the launcher checks them (and
+    the rest) before it starts anything (TMAPipeline.prepare_launch).
+    """
+
+    name: str = "tma"
+    # random (RandomTMA) | supernode (SuperTMA) | psgd-pa | llcg; picks the partition method
+    # (random, supernode, metis, metis) unless `partition=` is given on the command line
+    variant: str = "random"
+    # wall time of local training between two model averagings
+    sync_every: str = "30s"
+    # training-time budget (evaluation excluded, as in the paper's clock)
+    time_limit: str = "3min"
+    # uniform (the paper's unweighted mean) | train_nodes (weighted by each trainer's train nodes)
+    weighting: str = "uniform"
+    # gradient clipping by global norm (0 = off), from `grad_clip_since` local epochs on
+    grad_clip: float = 1.0
+    grad_clip_since: float = 2.0
+    # llcg: Adam steps on whole-graph mini-batches after each averaging
+    corr_steps: int = 2
+    # partitions (0-based, = machine index) whose trainer never trains (the paper's failure simulation)
+    drop_parts: List[int] = field(default_factory=list)
+    # a round closes without a trainer that has not submitted this long after the first one did
+    round_timeout: str = "5s"
+    # the evaluating trainer is declared dead after this long without a heartbeat
+    evaluator_timeout: str = "60s"
+    # fault injection (benchmarks, tests): trainer `kill_rank` SIGKILLs itself once it has trained
+    # for `kill_at` (a real death: no clean-up, nothing said to anyone)
+    kill_rank: Optional[int] = None
+    kill_at: str = "0s"
+    # train: at the first step past `kill_at`; eval: in the first evaluation it leads after that
+    kill_during: str = "train"
 
 
 @dataclass
@@ -185,5 +226,7 @@ class BenchJob:
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
+    # per-pipeline schemas, named in the `defaults` of conf/pipeline/<name>.yaml
+    cs.store(group="pipeline", name="tma_schema", node=TMAConfig)
     cs.store(name="partition_schema", node=PartitionJob)
     cs.store(name="bench_schema", node=BenchJob)

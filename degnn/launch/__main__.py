@@ -55,12 +55,15 @@ def main(cfg: DictConfig) -> None:
 
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
+    task = list(hc.overrides.task)
     try:
         # cheap checks first: no partitioning for a run that cannot start
         check_config(cfg)
         machines = machines_of(cfg.cluster)
-        get_pipeline(cfg.pipeline.name)
+        pipeline_cls = get_pipeline(cfg.pipeline.name)
         check_model_config(cfg.model)
+        # the pipeline's own checks; it may pick the partition (TMA's variants) for every process
+        task += pipeline_cls.prepare_launch(cfg, task)
         check_resume_dir(cfg, len(machines) * cfg.cluster.trainers_per_machine)
     except (LaunchError, NotImplementedError, ValueError) as e:
         _fail(str(e))
@@ -76,7 +79,7 @@ def main(cfg: DictConfig) -> None:
         _fail(_one_line(e))
     _print_partition_report(part_config)
     try:
-        rc = launch(cfg, run_dir, str(part_config), list(hc.overrides.task),
+        rc = launch(cfg, run_dir, str(part_config), task,
                     entry=os.environ.get("DEGNN_ENTRY") or cfg.cluster.entry)
     except LaunchError as e:
         _fail(str(e))

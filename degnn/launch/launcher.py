@@ -110,8 +110,10 @@ def make_plan(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str]
 
 
 def finalize_summary(run_dir: str, start: Optional[List[Tuple[int, int]]],
-                     end: Optional[List[Tuple[int, int]]]) -> Optional[dict]:
-    """Add the wire counters to rank 0's summary.json (null outside netns)."""
+                     end: Optional[List[Tuple[int, int]]],
+                     dead_trainers: Optional[List[int]] = None) -> Optional[dict]:
+    """Add the wire counters to rank 0's summary.json (null outside netns), and the ranks of
+    trainers that died in a run that went on without them (`trainers_died`)."""
     path = Path(run_dir) / "summary.json"
     if not path.is_file():
         return None
@@ -120,6 +122,8 @@ def finalize_summary(run_dir: str, start: Optional[List[Tuple[int, int]]],
     except ValueError:
         say(f"{path} is not valid JSON; wire counters not added")
         return None
+    if dead_trainers:
+        summary["trainers_died"] = sorted(dead_trainers)
     if start is not None and end is not None:
         tx = [e[0] - s[0] for s, e in zip(start, end)]
         rx = [e[1] - s[1] for s, e in zip(start, end)]
@@ -166,9 +170,19 @@ def write_failure(run_dir: str, cfg, message: str, failed=None, machines=None,
     return summary
 
 
+def tolerates_trainer_faults(pipeline_name: str) -> bool:
+    """The pipeline's fault policy (Pipeline.tolerates_trainer_faults); False for unknown names."""
+    from degnn.pipelines import PIPELINES, get_pipeline
+
+    if pipeline_name not in PIPELINES:
+        return False
+    return bool(get_pipeline(pipeline_name).tolerates_trainer_faults)
+
+
 def launch(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str],
            entry: str = DEFAULT_ENTRY, out=None) -> int:
-    """Run one cluster job; returns the launcher's exit status (0 = every trainer exited 0).
+    """Run one cluster job; returns the launcher's exit status (0 = every trainer exited 0, or,
+    for a pipeline that tolerates trainer faults, at least one trainer exited 0).
 
     Raises LaunchError (one-line message) for anything wrong before a process starts."""
     out = out or sys.stdout
@@ -269,7 +283,8 @@ def _run(cfg, plan: Plan, run_dir: str, out) -> int:
         start = counters() if counters else None
         sup = Supervisor(plan, command=command, on_stop=on_stop, cwd=cwd,
                          stop_grace_s=cl.stop_grace_s, hang_timeout_s=cl.hang_timeout_s,
-                         console=getattr(out, "buffer", None), say=say)
+                         console=getattr(out, "buffer", None), say=say,
+                         tolerate_trainer_faults=tolerates_trainer_faults(cfg.pipeline.name))
         say(f"{len(plan.procs)} processes ({len(plan.servers())} servers, "
             f"{len(plan.trainers())} trainers); logs in {run_dir}")
         outcome = sup.run()
@@ -282,7 +297,8 @@ def _run(cfg, plan: Plan, run_dir: str, out) -> int:
         if failure["error"] != outcome.message:
             say(f"run failed: {failure['error']}")
         return outcome.returncode if outcome.returncode and outcome.returncode > 0 else 1
-    summary = finalize_summary(run_dir, start, end)
+    summary = finalize_summary(run_dir, start, end,
+                               dead_trainers=[p.index for p in outcome.dead_trainers])
     if summary is None:
         say(f"trainers done, but rank 0 wrote no {run_dir}/summary.json")
     else:

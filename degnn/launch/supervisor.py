@@ -8,6 +8,14 @@ The loop polls every process every `poll_s`. Trainers all exiting 0 means succes
 down by themselves once rank 0 says so, and get `server_grace_s` to do it. Anything else that
 exits non-zero (or dies by a signal) is a fault: it is named, and everything else is stopped,
 because the rest would hang (servers wait for their clients forever, trainers block in RPC).
+
+The fault policy is the pipeline's (`Pipeline.tolerates_trainer_faults`). With
+`tolerate_trainer_faults` (TMA) a trainer that dies is named and the others go on; the run
+succeeds when every trainer has exited and at least one exited 0, and the servers are then
+stopped at once (they never shut down by themselves: DGL's shutdown needs every client). A
+trainer that makes no progress for `hang_timeout_s`, or still runs that long after another one
+finished, is hung: it is stopped and the others go on without it.
+A dead server, or every trainer dead, is still a fault.
 """
 from __future__ import annotations
 
@@ -17,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, IO, List, Optional
 
 from .hang import HangWatch, process_state
@@ -53,6 +61,8 @@ class Outcome:
     message: str = ""
     started_s: float = 0.0  # time to start every process
     stop_s: float = 0.0  # time from the fault (or end) to nothing left running
+    # trainers that died while the others went on (tolerate_trainer_faults only)
+    dead_trainers: List[Proc] = field(default_factory=list)
 
 
 def describe_rc(rc: int) -> str:
@@ -108,8 +118,10 @@ class Supervisor:
                  on_stop: Optional[Callable[[], None]] = None, cwd: Optional[str] = None,
                  stop_grace_s: float = 5.0, poll_s: float = 0.5, hang_timeout_s: float = 0,
                  server_grace_s: float = 30, console: Optional[IO[bytes]] = None,
-                 tee_rank: Optional[int] = 0, say: Callable[[str], None] = None):
+                 tee_rank: Optional[int] = 0, say: Callable[[str], None] = None,
+                 tolerate_trainer_faults: bool = False):
         self.plan = plan
+        self.tolerate_trainer_faults = tolerate_trainer_faults
         # how a process is started on its machine (nsenter/ssh wrapped around proc.argv)
         self.command = command
         # extra stopping work (ssh: kill the remote processes, which ssh does not forward to)
@@ -232,12 +244,44 @@ class Supervisor:
                             self.say(f"{r.proc.describe()} {describe_rc(rc)} after the trainers "
                                      f"finished; log: {r.proc.log}")
                         continue
+                    if self.tolerate_trainer_faults and r.proc.role == "trainer":
+                        if r.proc not in out.dead_trainers:
+                            out.dead_trainers.append(r.proc)
+                            self.say(f"{r.proc.describe()} pid {r.popen.pid} {describe_rc(rc)}; "
+                                     f"log: {r.proc.log}; the other trainers go on without it "
+                                     f"(this pipeline tolerates trainer faults)")
+                        if len(out.dead_trainers) < len(trainers):
+                            continue
                     failed.append((r, rc))
             if failed:
                 # A process killed by a signal is the cause; peers that saw it die (a gloo
                 # "connection closed" error) exit with an error code within the same poll.
                 r, rc = min(failed, key=lambda f: f[1] >= 0)
                 return self._fault(out, r, rc)
+            if self.tolerate_trainer_faults:
+                if all(r.rc is not None for r in trainers):
+                    # the servers wait for the dead trainers forever: stop them now (run() does)
+                    out.ok = True
+                    return out
+                hung = hang.check(self.running) if hang is not None else None
+                if hung is not None and hung[0].proc.role == "server":
+                    return self._hung(out, *hung)
+                if hung is not None:  # a hung trainer is left behind like a dead one
+                    self._drop_trainer(out, hung[0], f"made no progress for {hung[1]:.0f}s")
+                # a trainer still running `hang_timeout_s` after another one finished its run is
+                # hung too (e.g. blocked): the others left it behind; stop it with the servers
+                if done_at is None and any(r.rc == 0 for r in trainers):
+                    done_at = time.monotonic()
+                if (done_at is not None and self.hang_timeout_s
+                        and time.monotonic() - done_at > self.hang_timeout_s):
+                    for r in trainers:
+                        if r.rc is None:
+                            self._drop_trainer(out, r, f"still runs {self.hang_timeout_s:.0f}s after "
+                                                       f"the others finished")
+                    out.ok = True
+                    return out
+                time.sleep(self.poll_s)
+                continue
             if done_at is None and all(r.rc == 0 for r in trainers):
                 done_at = time.monotonic()
             if done_at is not None:
@@ -254,6 +298,17 @@ class Supervisor:
             if hung is not None:
                 return self._hung(out, *hung)
             time.sleep(self.poll_s)
+
+    def _drop_trainer(self, out: Outcome, r: Running, why: str) -> None:
+        """Tolerant policy: stop one hung trainer and go on without it."""
+        try:
+            os.killpg(r.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if r.proc not in out.dead_trainers:
+            out.dead_trainers.append(r.proc)
+        self.say(f"{r.proc.describe()} pid {r.popen.pid} {why}; stopped; log: {r.proc.log}; "
+                 f"the other trainers go on without it")
 
     def _hung(self, out: Outcome, r: Running, age: float) -> Outcome:
         p = r.proc

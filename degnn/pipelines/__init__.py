@@ -1,9 +1,11 @@
 """Training pipelines, one subpackage each, behind one interface (base.Pipeline):
-`distdgl` (the baseline), `lamp` and `tma` (not yet available)."""
+`distdgl` (the baseline), `tma` (RandomTMA / SuperTMA / PSGD-PA / LLCG) and `lamp` (not yet
+available)."""
 from __future__ import annotations
 
-PIPELINES = {"distdgl": "degnn.pipelines.distdgl:DistDGLPipeline"}
-NOT_YET = {"lamp", "tma"}
+PIPELINES = {"distdgl": "degnn.pipelines.distdgl:DistDGLPipeline",
+             "tma": "degnn.pipelines.tma:TMAPipeline"}
+NOT_YET = {"lamp"}
 
 
 def get_pipeline(name: str):

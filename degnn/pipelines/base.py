@@ -13,7 +13,7 @@ import random
 import resource
 import time
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -62,6 +62,25 @@ def broadcast_object(obj, src: int = 0):
 
 class Pipeline:
     name = "base"
+    # The launcher's fault policy is the pipeline's to declare. False: trainers meet in gloo
+    # collectives (all-reduce, barrier, all_gather), which hang or abort on a dead peer, so one dead
+    # process stops the cluster. True (TMA): trainers never use torch.distributed (entry.py does not
+    # even create the process group) and coordinate through an RPC service with deadlines; the
+    # launcher lets the others finish when a trainer dies, still stops on a dead server, and stops
+    # the servers when the trainers are done (DGL's servers would wait for the dead client forever).
+    tolerates_trainer_faults = False
+    # (tolerates_trainer_faults only) whether every trainer was alive at the end, so that DGL's
+    # exit barrier can complete (entry.py)
+    all_trainers_alive = False
+
+    @classmethod
+    def prepare_launch(cls, cfg, task_overrides) -> List[str]:
+        """The launcher's preflight for this pipeline, before anything starts.
+
+        Raise ValueError (one line) for a config that cannot run; may adjust `cfg` and return
+        overrides that every process of the run must also get (e.g. the partition a variant implies).
+        """
+        return []
 
     def __init__(self, ctx):
         self.ctx = ctx
@@ -124,13 +143,41 @@ class Pipeline:
         # the launcher ran the same checks before starting anything (DGL's launch.py does not)
         return check_resume(self.cfg, self.ctx.world_size)
 
+    # --- the steps of a training loop (the epoch loop below and TMA's rounds use them) -------
+    @property
+    def is_writer(self) -> bool:
+        """The process that writes the run's shared files (curve, best model, checkpoint, summary)."""
+        return self.ctx.is_rank0
+
+    def new_state(self) -> dict:
+        return {"epoch": 0, "best_val": None, "best_test": None, "best_epoch": None, "test_final": None,
+                "train_time_s": 0.0, "epoch_times": [], "batches": 0, "bad_evals": 0, "bytes": {},
+                "wire_train_bytes": 0, "wall_s": 0.0}
+
+    def continue_curve(self, key: str, upto: int) -> None:
+        """Resume step of a loop that is not the epoch loop: the curve continues with the records
+        (`key` <= `upto`) of the run we resume."""
+        if self.is_writer:
+            for rec in read_curve(Path(self.cfg.resume)):
+                if rec.get(key, 0) <= upto:
+                    append_curve(self.ctx.run_dir, rec)
+
+    def keep_best(self, state: dict, val: float, test: float, at: int) -> bool:
+        """Evaluation step: test_final, best validation (and its test and model); True if better."""
+        state["test_final"] = test
+        if state["best_val"] is None or val > state["best_val"]:
+            state.update(best_val=val, best_test=test, best_epoch=at, bad_evals=0)
+            if self.is_writer:
+                self._checkpoint(self.ctx.run_dir / BEST_MODEL, {"model": self.model.state_dict(), "epoch": at})
+            return True
+        state["bad_evals"] += 1
+        return False
+
     def run(self) -> dict:
         ctx, cfg = self.ctx, self.cfg
         run_dir = ctx.run_dir
         self.setup()
-        state = {"epoch": 0, "best_val": None, "best_test": None, "best_epoch": None, "test_final": None,
-                 "train_time_s": 0.0, "epoch_times": [], "batches": 0, "bad_evals": 0, "bytes": {},
-                 "wire_train_bytes": 0, "wall_s": 0.0}
+        state = self.new_state()
         ckpt = self._load_resume()
         if ckpt is not None:
             try:
@@ -191,17 +238,18 @@ class Pipeline:
                       "wall_s": round(state["wall_s"], 3), "loss": loss}
             stop = False
             ctx.heartbeat.beat()
-            if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs:
+            # the wall-time budget; ranks measure slightly different times: rank 0 decides for all
+            over = cfg.train.time_limit_s > 0 and broadcast_object(
+                state["train_time_s"] >= cfg.train.time_limit_s)
+            if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs or over:
                 val, test = self.evaluate()
                 record.update(val=val, test=test)
-                state["test_final"] = test
-                if state["best_val"] is None or val > state["best_val"]:
-                    state.update(best_val=val, best_test=test, best_epoch=epoch, bad_evals=0)
-                    if ctx.is_rank0:
-                        self._checkpoint(run_dir / BEST_MODEL, {"model": self.model.state_dict(), "epoch": epoch})
-                else:
-                    state["bad_evals"] += 1
+                if not self.keep_best(state, val, test, epoch):
                     stop = cfg.train.patience > 0 and state["bad_evals"] >= cfg.train.patience
+            if over:
+                stop = True
+                if ctx.is_rank0:
+                    self.log.info("time limit: %.1fs of training", state["train_time_s"])
             if ctx.is_rank0:
                 append_curve(run_dir, record)
                 msg = f"epoch {epoch}: loss {loss:.4f}, {dt:.1f}s"
@@ -219,21 +267,29 @@ class Pipeline:
                         "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                         "state": dict(state), "rng": rngs, "config": config_identity(cfg)})
             if stop:
-                self.log.info("early stop: no better validation for %d evaluations", cfg.train.patience)
+                if state["bad_evals"] >= cfg.train.patience > 0:
+                    self.log.info("early stop: no better validation for %d evaluations", cfg.train.patience)
                 break
         if state["best_val"] is None and not state.get("error"):  # e.g. resumed a finished run
             val, test = self.evaluate()
             state.update(best_val=val, best_test=test, test_final=test, best_epoch=state["epoch"])
         return self._summary(state)
 
+    def rank_stats(self) -> dict:
+        """This trainer's part of the summary (added up over trainers by `_summary`)."""
+        return {"bytes": self.ctx.counter.as_dict(), "batches": self.batches, "wire": self.wire_train_bytes,
+                "has_wire": self.wire.path is not None,
+                "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+
+    def gather_rank_stats(self) -> list:
+        ranks = [None] * self.ctx.world_size
+        dist.all_gather_object(ranks, self.rank_stats())
+        return ranks
+
     def _summary(self, state: dict) -> dict:
         ctx, cfg = self.ctx, self.cfg
         # one gather: bytes by category, batches and wire bytes add up over trainers; memory is the max
-        mine = {"bytes": ctx.counter.as_dict(), "batches": self.batches, "wire": self.wire_train_bytes,
-                "has_wire": self.wire.path is not None,
-                "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
-        ranks = [None] * ctx.world_size
-        dist.all_gather_object(ranks, mine)
+        ranks = self.gather_rank_stats()
         cats: Dict[str, int] = {}
         for r in ranks:
             for k, v in r["bytes"].items():
@@ -272,6 +328,6 @@ class Pipeline:
         if state.get("error"):
             summary["error"] = state["error"]
         summary.update(self.extra_summary())
-        if ctx.is_rank0:
+        if self.is_writer:
             write_summary(ctx.run_dir, summary)
         return summary

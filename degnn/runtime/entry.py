@@ -122,11 +122,15 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     meta = read_partition_json(part_config)
     machines = meta["num_parts"]
 
+    pipeline_cls = get_pipeline(cfg.pipeline.name)
+    # a pipeline that outlives a dead trainer never touches gloo (Pipeline.tolerates_trainer_faults)
+    gloo = not pipeline_cls.tolerates_trainer_faults
     services.register_all()
     t0 = time.time()
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])
-    # rank 0's store listens on MASTER_ADDR only, not on every interface
-    init_process_group(rank, world, timeout=datetime.timedelta(minutes=30))
+    if gloo:
+        # rank 0's store listens on MASTER_ADDR only, not on every interface
+        init_process_group(rank, world, timeout=datetime.timedelta(minutes=30))
     torch.manual_seed(cfg.train.seed + rank)
     graph = dgl.distributed.DistGraph(meta["graph_name"], part_config=str(part_config))
     log.info("rank %d/%d (local %d) up in %.1fs; graph %s: %d nodes, %d edges, %d machines",
@@ -135,14 +139,26 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     ctx = RunContext(cfg=cfg, run_dir=run_dir, rank=rank, world_size=world, local_rank=local_rank,
                      machines=machines, part_config=part_config, graph=graph, log=log,
                      heartbeat=heartbeat)
-    pipeline = get_pipeline(cfg.pipeline.name)(ctx)
+    pipeline = pipeline_cls(ctx)
     summary = pipeline.run()
-    if rank == 0 and not os.environ.get("DEGNN_LAUNCHED"):
+    rc = 0 if summary.get("status") == "ok" else 1
+    if pipeline.is_writer and not os.environ.get("DEGNN_LAUNCHED"):
         # (degnn.launch prints it itself, once it has added the wire counters)
         print(result_line(summary), flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0 if summary.get("status") == "ok" else 1
+    if not gloo and (os.environ.get("DEGNN_LAUNCHED") or not pipeline.all_trainers_alive):
+        # DGL's exit handler (exit_client) starts with a barrier of all clients on server 0, which
+        # never completes when a trainer is dead: leave without it; degnn's launcher stops the
+        # servers. (Started by DGL's launch.py with every trainer alive, the normal exit below
+        # lets DGL shut its servers down, as launch.py expects.)
+        log.info("trainer done; leaving without DGL's client barrier")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    if gloo:
+        dist.barrier()
+        dist.destroy_process_group()
+    return rc
 
 
 def main(argv: List[str] | None = None) -> int:

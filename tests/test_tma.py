@@ -1,0 +1,509 @@
+"""pipeline=tma: config schema and launcher checks, the averaging coordinator, the fault policy of
+the supervisor, and real runs on netns clusters (each variant on 2 machines, a dropped partition,
+a trainer killed mid-run, the evaluating trainer killed mid-run, resume)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import fake_entry
+from degnn.launch.netns import list_namespaces
+from degnn.launch.plan import Plan, Proc
+from degnn.launch.supervisor import Supervisor
+from degnn.metrics import read_curve
+from degnn.pipelines.tma import VARIANT_PARTITION, TMAPipeline, parse_duration
+from degnn.pipelines.tma.service import Coordinator
+from degnn.runtime.entry import compose_config
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+# ---- config ------------------------------------------------------------------------------------------
+def test_tma_keys_are_checked_at_compose_time():
+    cfg = compose_config(["pipeline=tma", "pipeline.sync_every=2min", "pipeline.drop_parts=[1]",
+                          "pipeline.variant=llcg", "pipeline.corr_steps=3", "pipeline.weighting=train_nodes"])
+    assert cfg.pipeline.sync_every == "2min" and list(cfg.pipeline.drop_parts) == [1]
+    assert cfg.pipeline.corr_steps == 3 and cfg.pipeline.grad_clip == 1.0
+    bad = [["pipeline=tma", "pipeline.sync_evry=30s"],  # typo
+           ["pipeline=tma", "pipeline.corr_steps=two"],  # type
+           ["pipeline=tma", "pipeline.drop_parts=[a]"],
+           ["pipeline=distdgl", "pipeline.sync_every=30s"]]  # distdgl has no TMA keys
+    for overrides in bad:
+        with pytest.raises(Exception) as e:
+            compose_config(overrides)
+        assert "pipeline." in str(e.value), overrides
+    assert "sync_every" not in compose_config(["pipeline=distdgl"]).pipeline
+
+
+def test_parse_duration():
+    assert parse_duration("30s") == 30 and parse_duration("2min") == 120 and parse_duration("1.5h") == 5400
+    assert parse_duration(45) == 45 and parse_duration("7") == 7
+    for bad in ("soon", "5 days", "", "-3s"):
+        with pytest.raises(ValueError, match="not a duration"):
+            parse_duration(bad, "pipeline.sync_every")
+
+
+def _cfg(*overrides):
+    cfg = compose_config(["pipeline=tma", "cluster=netns", "cluster.machines=4", *overrides])
+    OmegaConf.set_struct(cfg, True)
+    return cfg
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["pipeline.variant=fast"], "pipeline.variant='fast'"),
+    (["pipeline.sync_every=often"], "pipeline.sync_every='often' is not a duration"),
+    (["pipeline.time_limit=0s"], "must be positive"),
+    (["pipeline.weighting=edges"], "pipeline.weighting='edges'"),
+    (["pipeline.drop_parts=[4]"], "distinct partition indices 0..3"),
+    (["pipeline.drop_parts=[1,1]"], "distinct partition indices"),
+    (["pipeline.drop_parts=[0,1,2,3]"], "drops every partition"),
+    (["pipeline.kill_rank=4"], "pipeline.kill_rank=4"),
+    (["pipeline.kill_at=later"], "pipeline.kill_at='later' is not a duration"),
+    (["pipeline.kill_during=setup"], "pipeline.kill_during='setup'"),
+    (["cluster.trainers_per_machine=2"], "cluster.trainers_per_machine=1"),
+    (["dataset=wordnet-link"], "trains node classification"),
+])
+def test_launcher_preflight_rejects(overrides, message):
+    with pytest.raises(ValueError, match=None) as e:
+        TMAPipeline.prepare_launch(_cfg(*overrides), overrides)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANT_PARTITION))
+def test_variant_picks_the_partition_unless_given(variant):
+    cfg = _cfg(f"pipeline.variant={variant}")
+    extra = TMAPipeline.prepare_launch(cfg, [f"pipeline.variant={variant}"])
+    method = VARIANT_PARTITION[variant]
+    assert extra == [f"partition={method}"] and cfg.partition.method == method
+    # as composing partition=<method> would: supernode is not edge-balanced, metis is
+    ref = compose_config(["pipeline=tma", "cluster=netns", "cluster.machines=4", f"partition={method}"])
+    assert cfg.partition == ref.partition
+    # an explicit choice wins, and a single partition key given by the user is kept
+    given = ["partition=metis", f"pipeline.variant={variant}"]
+    cfg = _cfg(*given)
+    assert TMAPipeline.prepare_launch(cfg, given) == [] and cfg.partition.method == "metis"
+    given = [f"pipeline.variant={variant}", "partition.balance_edges=false"]
+    cfg = _cfg(*given)
+    TMAPipeline.prepare_launch(cfg, given)
+    assert cfg.partition.method == method and cfg.partition.balance_edges is False
+
+
+def test_launcher_rejects_bad_tma_config_before_anything_starts(tmp_path):
+    p = subprocess.run([PY, "-m", "degnn.launch", "pipeline=tma", "pipeline.sync_every=often",
+                        f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert "pipeline.sync_every='often' is not a duration" in p.stderr
+    assert p.stderr.strip().count("\n") == 0
+    assert not (tmp_path / "summary.json").exists()
+
+
+# ---- the coordinator (server side, no processes) ---------------------------------------------------------
+def _coord(active=(0, 1, 2)):
+    return Coordinator(list(active), round_timeout_s=5, start_timeout_s=60, evaluator_timeout_s=10)
+
+
+def test_round0_gives_everyone_the_lowest_ranks_weights():
+    c = _coord()
+    for rank in (2, 0, 1):
+        assert c.poll_mean(0, rank, 0.0)[0] == "wait"
+        c.submit(0, rank, torch.full((3,), float(rank)), {}, now=1.0)
+    status, tensor, meta = c.poll_mean(0, 0, 1.0)
+    assert status == "mean" and torch.equal(tensor, torch.zeros(3)) and meta["contributors"] == [0, 1, 2]
+    # training starts once every trainer has them (no download overlaps anyone's training)
+    assert c.poll_start(0, now=1.0) == "wait"
+    c.poll_mean(0, 1, 1.1)
+    c.poll_mean(0, 2, 1.2)
+    assert c.poll_start(0, now=1.2) == "go"
+
+
+def test_round_closes_when_all_submitted_with_the_weighted_mean():
+    c = _coord()
+    c.submit(1, 0, torch.tensor([1.0, 2.0]), {"weight": 1.0}, now=0.0)
+    c.submit(1, 1, torch.tensor([3.0, 4.0]), {"weight": 1.0}, now=0.1)
+    assert c.poll_mean(1, 0, 0.2)[0] == "wait"  # rank 2 still alive and within the deadline
+    c.submit(1, 2, torch.tensor([8.0, 0.0]), {"weight": 2.0}, now=0.3)
+    status, mean, meta = c.poll_mean(1, 0, 0.3)
+    assert status == "mean" and torch.allclose(mean, torch.tensor([5.0, 1.5]))  # (1+3+16)/4, (2+4+0)/4
+    assert meta["evaluator"] == 0 and meta["dead"] == []
+
+
+def test_a_silent_trainer_is_left_out_after_the_deadline_and_rejoins_if_late():
+    c = _coord()
+    c.submit(1, 1, torch.tensor([2.0]), {}, now=0.0)
+    c.submit(1, 2, torch.tensor([4.0]), {}, now=0.5)
+    assert c.poll_mean(1, 0, 4.9)[0] == "wait"
+    status, mean, meta = c.poll_mean(1, 0, 5.1)
+    assert status == "mean" and mean.item() == 3.0 and meta["contributors"] == [1, 2]
+    assert meta["evaluator"] == 1 and meta["dead"] == [0]
+    # the next round does not wait for the dead one
+    c.submit(2, 1, torch.tensor([1.0]), {}, now=10.0)
+    c.submit(2, 2, torch.tensor([3.0]), {}, now=10.1)
+    assert c.poll_mean(2, 0, 10.1)[1].item() == 2.0
+    # a trainer that was only late gets the closed round's mean, and counts again afterwards
+    assert c.submit(2, 0, torch.tensor([100.0]), {}, now=11.0) == "late"
+    assert c.poll_mean(2, 0, 11.0)[1].item() == 2.0
+    c.submit(3, 1, torch.tensor([0.0]), {}, now=20.0)
+    c.submit(3, 2, torch.tensor([0.0]), {}, now=20.0)
+    assert c.poll_mean(3, 0, 20.0)[0] == "wait"  # rank 0 is expected again
+
+
+def test_a_silent_evaluator_is_replaced_and_release_reaches_everyone():
+    c = _coord()
+    for rank in range(3):
+        c.submit(1, rank, torch.tensor([float(rank)]), {}, now=0.0)
+    assert c.poll_mean(1, 0, 0.0)[2]["evaluator"] == 0
+    assert c.beat(1, 0, now=8.0) == "ok"
+    assert c.poll_release(1, 1, now=15.0)[0] == "wait"  # beat at 8 s: still within 10 s
+    assert c.poll_release(1, 2, now=18.5)[0] == "wait"  # rank 0 silent: rank 1 takes over, not 2
+    status, tensor, meta = c.poll_release(1, 1, now=18.6)
+    assert status == "evaluate" and tensor.item() == 1.0 and meta["evaluator"] == 1 and 0 in meta["dead"]
+    assert c.beat(1, 0, now=19.0) == "not-evaluator"  # the old evaluator learns it was replaced
+    assert c.release(1, 0, torch.zeros(0), {}, now=19.0) == "not-evaluator"
+    assert c.poll_start(1, now=19.0) == "wait"
+    assert c.release(1, 1, torch.tensor([7.0]), {"state": {"x": 1}}, now=19.0) == "ok"
+    assert c.poll_start(1, now=19.1) == "wait"  # rank 2 has not picked up the release yet
+    status, tensor, meta = c.poll_release(1, 2, now=19.2)
+    assert status == "released" and tensor.item() == 7.0 and meta == {"state": {"x": 1}}
+    assert c.poll_start(1, now=19.2) == "go"  # every live contributor has it (rank 0 is dead)
+
+
+def test_the_next_round_starts_without_a_trainer_that_never_picks_up_the_release():
+    c = _coord()
+    for rank in range(3):
+        c.submit(1, rank, torch.tensor([1.0]), {}, now=0.0)
+    c.poll_mean(1, 0, 0.0)
+    c.release(1, 0, torch.zeros(0), {}, now=1.0)
+    c.poll_release(1, 1, now=1.0)
+    assert c.poll_start(1, now=5.9) == "wait"  # rank 2 may still come
+    assert c.poll_start(1, now=6.1) == "go"  # round_timeout (5 s) after the release
+
+
+# ---- the supervisor's fault policy (plain processes) -------------------------------------------------------
+def _plan(tmp_path, trainer_code: str, server_code: str = "import time; time.sleep(600)") -> Plan:
+    plan = Plan(machines=[("127.0.0.1", 1)], ip_config=str(tmp_path / "ip"))
+    plan.procs.append(Proc("server", 0, 0, [PY, "-c", server_code], {}, str(tmp_path / "server0.log")))
+    for rank in range(3):
+        plan.procs.append(Proc("trainer", 0, rank, [PY, "-c", trainer_code], {"RANK": str(rank)},
+                               str(tmp_path / f"rank{rank}.log")))
+    return plan
+
+
+RANK1_DIES = "import os, sys, time; r = int(os.environ['RANK']); time.sleep(0.5 if r == 1 else 2); sys.exit(r == 1)"
+
+
+def test_supervisor_lets_the_others_finish_when_the_pipeline_tolerates_it(tmp_path):
+    said = []
+    t0 = time.monotonic()
+    out = Supervisor(_plan(tmp_path, RANK1_DIES), tolerate_trainer_faults=True, poll_s=0.1,
+                     console=open(os.devnull, "wb"), say=said.append).run()
+    assert out.ok and [p.index for p in out.dead_trainers] == [1]
+    assert any("trainer rank 1 (machine 0)" in s and "go on without it" in s for s in said)
+    assert time.monotonic() - t0 < 15  # servers stopped at once, not after the grace period
+    assert not fake_entry.processes_mentioning("time.sleep(600)")
+
+
+def test_supervisor_default_policy_stops_everything_when_a_trainer_dies(tmp_path):
+    out = Supervisor(_plan(tmp_path, RANK1_DIES), poll_s=0.1, console=open(os.devnull, "wb"),
+                     say=lambda m: None).run()
+    assert not out.ok and out.failed.index == 1 and out.failed.role == "trainer"
+
+
+def test_supervisor_tolerant_policy_still_stops_on_a_dead_server_or_no_trainer_left(tmp_path):
+    out = Supervisor(_plan(tmp_path, "import time; time.sleep(600)", "import sys; sys.exit(3)"),
+                     tolerate_trainer_faults=True, poll_s=0.1, console=open(os.devnull, "wb"),
+                     say=lambda m: None).run()
+    assert not out.ok and out.failed.role == "server"
+    out = Supervisor(_plan(tmp_path, "import sys; sys.exit(1)"), tolerate_trainer_faults=True, poll_s=0.1,
+                     console=open(os.devnull, "wb"), say=lambda m: None).run()
+    assert not out.ok and out.failed.role == "trainer" and len(out.dead_trainers) == 3
+    assert not fake_entry.processes_mentioning("time.sleep(600)")
+
+
+# ---- real runs (netns) ---------------------------------------------------------------------------------------
+def _netns_reason():
+    if os.geteuid() != 0:
+        return "cluster=netns needs root"
+    if not all(shutil.which(t) for t in ("ip", "nsenter", "unshare")):
+        return "ip/nsenter/unshare not installed"
+    return None
+
+
+netns = pytest.mark.skipif(_netns_reason() is not None, reason=str(_netns_reason()))
+BASE = ["-m", "degnn.launch", "pipeline=tma", "cluster=netns", "dataset=synthetic-tiny"]
+
+
+def _launch(run_dir, *overrides, timeout=240):
+    r = subprocess.run([PY, *BASE, *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=timeout)
+    return r
+
+
+def _summary(run_dir) -> dict:
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def _nothing_left(run_dir) -> None:
+    assert not fake_entry.processes_mentioning(str(run_dir))
+    from degnn.launch.netns import _ours
+    from degnn.proc import pid_alive
+    assert not [n for n in list_namespaces() if _ours(n) is not None and not pid_alive(_ours(n))]
+
+
+@netns
+@pytest.mark.parametrize("variant", ["random", "supernode", "psgd-pa", "llcg"])
+def test_each_variant_trains_averages_and_evaluates_on_two_machines(tmp_path, variant):
+    run_dir = tmp_path / "run"
+    r = _launch(run_dir, "cluster.machines=2", f"pipeline.variant={variant}", "pipeline.time_limit=8s",
+                "pipeline.sync_every=4s")
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    assert f"result: pipeline=tma/{variant}" in r.stdout
+    s = _summary(run_dir)
+    assert s["status"] == "ok" and s["rounds"] == 2 and s["epochs"] == 2
+    assert s["trainers_alive"] == 2 and s["trainers_dead_ranks"] == [] and "trainers_died" not in s
+    assert s["partition_method"] == VARIANT_PARTITION[variant]
+    assert s["best_val"] > 0.4 and s["test"] is not None and s["test_final"] is not None  # 8 classes
+    steps = s["steps_per_trainer"]
+    assert set(steps) == {"0", "1"} and min(steps.values()) > 0 and s["batches"] == sum(steps.values())
+    # parameters up and the mean down per trainer and round, round 0 included (LLCG: + the correction)
+    per_round = 3 if variant == "llcg" else 2
+    assert s["averaging_bytes"] == s["param_bytes"] * 2 * (2 + per_round * s["rounds"])
+    assert (s["correction_bytes"] > 0) == (variant == "llcg")
+    # local training moves no graph, feature or sampling data, and rounds start only once the
+    # averaging traffic is over: while the trainers trained, all links together carried less than
+    # one copy of the model (TCP acks and the like)
+    assert s["net_bytes_train"] < s["param_bytes"], s["net_bytes_train_per_trainer"]
+    curve = read_curve(run_dir)
+    assert [c["round"] for c in curve] == [1, 2]
+    assert all(c["trainers"] == [0, 1] and set(c["steps"]) == {"0", "1"} for c in curve)
+    assert sum(c["averaging_bytes"] for c in curve) == s["averaging_bytes"] - 4 * s["param_bytes"]  # - round 0
+    assert curve[1]["train_time_s"] > curve[0]["train_time_s"] >= 4
+    assert (run_dir / "best_model.pt").is_file() and (run_dir / "tma_rank1.pt").is_file()
+    _nothing_left(run_dir)
+
+
+@netns
+def test_a_dropped_partition_is_never_trained(tmp_path):
+    run_dir = tmp_path / "run"
+    r = _launch(run_dir, "cluster.machines=2", "pipeline.drop_parts=[1]", "pipeline.time_limit=6s",
+                "pipeline.sync_every=3s")
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    s = _summary(run_dir)
+    assert s["status"] == "ok" and s["trainers_alive"] == 1 and s["drop_parts"] == [1]
+    assert set(s["steps_per_trainer"]) == {"0"} and s["steps_per_trainer"]["0"] > 0
+    assert all(c["trainers"] == [0] for c in read_curve(run_dir))
+    assert "was dropped" in (run_dir / "rank1.log").read_text()
+    _nothing_left(run_dir)
+
+
+def _env_of(pid: int) -> dict:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+
+
+def _kill_trainer_after_round(run_dir, p, rank: int, after_round: int) -> int:
+    """SIGKILL trainer `rank` once the curve has `after_round` rounds; its pid."""
+    deadline = time.monotonic() + 200
+    while time.monotonic() < deadline and p.poll() is None:
+        if len(read_curve(run_dir)) >= after_round:
+            pids = [pid for pid in fake_entry.processes_mentioning(str(run_dir))
+                    if _env_of(pid).get("RANK") == str(rank) and _env_of(pid).get("DGL_ROLE") == "client"]
+            if pids:
+                os.kill(pids[0], signal.SIGKILL)
+                return pids[0]
+        time.sleep(0.2)
+    raise AssertionError(f"round {after_round} never came (launcher rc {p.poll()})")
+
+
+@netns
+@pytest.mark.parametrize("victim", [2, 0], ids=["rank2-of-4-killed-from-outside",
+                                                "rank0-the-evaluator-of-3-dies-while-evaluating"])
+def test_a_trainer_killed_mid_run_does_not_stop_training(tmp_path, victim):
+    """Rank 2 of 4 SIGKILLed by the test after round 1; or rank 0, the evaluating trainer,
+    SIGKILLing itself in the middle of round 2's evaluation (pipeline.kill_rank, the benchmarks'
+    fault injection): after evaluator_timeout the lowest live rank evaluates round 2 instead."""
+    run_dir = tmp_path / "run"
+    machines = 4 if victim == 2 else 3
+    inject = [] if victim == 2 else [f"pipeline.kill_rank={victim}", "pipeline.kill_at=6s",
+                                     "pipeline.kill_during=eval"]
+    p = subprocess.Popen([PY, *BASE, f"cluster.machines={machines}", "pipeline.time_limit=20s",
+                          "pipeline.sync_every=4s", "pipeline.round_timeout=3s", "pipeline.evaluator_timeout=6s",
+                          *inject, f"hydra.run.dir={run_dir}"], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        pid = _kill_trainer_after_round(run_dir, p, victim, after_round=1) if victim == 2 else None
+        out, err = p.communicate(timeout=200)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, (out[-2000:], err[-3000:])
+    pid = "" if pid is None else f" pid {pid}"
+    assert f"trainer rank {victim} (machine {victim}){pid}" in err and "was killed by SIGKILL" in err
+    assert "go on without it" in err
+    s = _summary(run_dir)
+    assert s["status"] == "ok" and s["rounds"] == 5
+    assert s["trainers_alive"] == machines - 1 and s["trainers_died"] == [victim]
+    assert s["trainers_dead_ranks"] == [victim] and victim not in s["trainers_alive_ranks"]
+    if victim == 0:
+        assert "killing myself (SIGKILL) in the evaluation of round 2" in (run_dir / "rank0.log").read_text()
+        assert "round 2: taking over evaluation from rank 0" in (run_dir / "rank1.log").read_text()
+        assert "evaluator rank 0 silent" in (run_dir / "rank1.log").read_text()
+    curve = read_curve(run_dir)
+    assert [c["round"] for c in curve] == [1, 2, 3, 4, 5]  # every round evaluated exactly once
+    assert curve[0]["trainers"] == list(range(machines))
+    assert curve[-1]["trainers"] == [r for r in range(machines) if r != victim]
+    if victim == 0:  # it had submitted round 2 before it died evaluating it
+        assert curve[1]["trainers"] == [0, 1, 2]
+    assert s["best_val"] > 0.4
+    assert s["net_bytes_train"] < s["param_bytes"], s["net_bytes_train_per_trainer"]
+    _nothing_left(run_dir)
+
+
+@netns
+def test_a_hung_trainer_is_left_behind_and_stopped_at_the_end(tmp_path):
+    """SIGSTOP (not kill) rank 2 of 3 after round 1: the coordinator counts it dead at the next
+    deadline, the others finish, and the launcher stops the hung process (hang_timeout_s)."""
+    run_dir = tmp_path / "run"
+    p = subprocess.Popen([PY, *BASE, "cluster.machines=3", "pipeline.time_limit=12s", "pipeline.sync_every=4s",
+                          "pipeline.round_timeout=3s", "cluster.hang_timeout_s=10", f"hydra.run.dir={run_dir}"],
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 200
+        pid = None
+        while pid is None and time.monotonic() < deadline and p.poll() is None:
+            if read_curve(run_dir):
+                pid = next((q for q in fake_entry.processes_mentioning(str(run_dir))
+                            if _env_of(q).get("RANK") == "2" and _env_of(q).get("DGL_ROLE") == "client"), None)
+            time.sleep(0.2)
+        assert pid, "round 1 never came"
+        os.kill(pid, signal.SIGSTOP)
+        out, err = p.communicate(timeout=200)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, err[-3000:]
+    # caught by the hang watch (no heartbeat) or, if the others finish first, as a straggler
+    assert (f"trainer rank 2 (machine 2) pid {pid} made no progress" in err
+            or f"trainer rank 2 (machine 2) pid {pid} still runs 10s after the others finished" in err), err[-3000:]
+    s = _summary(run_dir)
+    assert s["status"] == "ok" and s["trainers_alive"] == 2 and s["trainers_died"] == [2]
+    assert [c["trainers"] for c in read_curve(run_dir)] == [[0, 1, 2], [0, 1], [0, 1]]
+    _nothing_left(run_dir)
+
+
+@netns
+def test_resume_continues_the_rounds(tmp_path):
+    run1, run2 = tmp_path / "run1", tmp_path / "run2"
+    common = ["cluster.machines=2", "pipeline.sync_every=3s"]
+    r = _launch(run1, *common, "pipeline.time_limit=6s")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _launch(run2, *common, "pipeline.time_limit=9s", f"resume={run1}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    c1, c2 = read_curve(run1), read_curve(run2)
+    assert [c["round"] for c in c2] == [1, 2, 3] and c2[:2] == c1
+    assert c2[2]["train_time_s"] > c1[1]["train_time_s"]
+    s1, s2 = _summary(run1), _summary(run2)
+    assert s2["rounds"] == 3
+    # each trainer continued from its own step count (its checkpointed model and optimizer)
+    for rank in ("0", "1"):
+        assert s2["steps_per_trainer"][rank] > s1["steps_per_trainer"][rank]
+
+
+# ---- bench=tma and its report ---------------------------------------------------------------------------------
+def test_bench_tma_composes_and_every_job_is_a_valid_tma_or_distdgl_run():
+    from hydra import compose, initialize_config_dir
+
+    from degnn.config import CONF_DIR, register_configs
+
+    register_configs()
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        bench = compose("bench", overrides=["bench=tma"])
+        seen = set()
+        for suite in bench.bench.suites:
+            sweeps = [[o] if "[" in o else [f"{o.split('=', 1)[0]}={v}" for v in o.split("=", 1)[1].split(",")]
+                      for o in suite.overrides]
+            import itertools
+            for job in itertools.product(*sweeps):
+                cfg = compose("config", overrides=list(job))
+                if cfg.pipeline.name == "tma":
+                    OmegaConf.set_struct(cfg, True)
+                    TMAPipeline.prepare_launch(cfg, list(job))  # the launcher's own checks
+                    budget = parse_duration(cfg.pipeline.time_limit)
+                else:
+                    budget = cfg.train.time_limit_s
+                assert budget == 40 and cfg.cluster.machines == 4, suite.name
+                seen.add((cfg.pipeline.name, cfg.pipeline.get("variant"), cfg.cluster.bandwidth,
+                          cfg.pipeline.get("kill_rank"), tuple(cfg.pipeline.get("drop_parts", ()))))
+    for variant in VARIANT_PARTITION:
+        assert ("tma", variant, "100mbit", None, ()) in seen
+    assert ("distdgl", "default", "100mbit", None, ()) in seen and ("distdgl", "default", "1gbit", None, ()) in seen
+    assert ("tma", "random", "100mbit", 3, ()) in seen and ("tma", "random", "100mbit", None, (3,)) in seen
+
+
+def _fake(root, name, curve, **summary):
+    d = root / name
+    d.mkdir(parents=True)
+    base = {"status": "ok", "dataset": "wordnet", "machines": 4, "layers": 2, "model": "sage", "metric": "acc",
+            "bandwidth": "100mbit"}
+    (d / "summary.json").write_text(json.dumps({**base, **summary}))
+    (d / "curve.jsonl").write_text("".join(json.dumps({"train_time_s": t, "val": v}) + "\n" for t, v in curve))
+
+
+def test_report_has_the_tma_tables_without_variants_overwriting_each_other(tmp_path):
+    from benchmarks.report import write_report
+
+    _fake(tmp_path, "d/0", [(10, 0.60), (20, 0.70), (40, 0.72)], pipeline="distdgl", variant="default",
+          best_val=0.72, test=0.70, test_final=0.69, batches=400, trainers=4, train_time_s=40.0,
+          net_bytes_total=9e8, net_bytes_train=8e8)
+    tma = dict(pipeline="tma", trainers=4, rounds=5, train_time_s=45.0, averaging_bytes=2e6, net_bytes_total=1e8,
+               net_bytes_train=1000, steps_per_s_per_trainer={"0": 10.0, "1": 12.0})
+    _fake(tmp_path, "t/0", [(9, 0.65), (18, 0.715)], variant="random", best_val=0.715, test=0.71, test_final=0.70,
+          label_tv_mean=0.01, partition_method="random", **tma)
+    _fake(tmp_path, "t/1", [(9, 0.60), (18, 0.66)], variant="psgd-pa", best_val=0.66, test=0.65, test_final=0.65,
+          label_tv_mean=0.30, partition_method="metis", **tma)
+    _fake(tmp_path, "k/0", [(9, 0.64), (18, 0.70)], variant="random", best_val=0.70, test=0.695, test_final=0.69,
+          kill_rank=3, kill_at_s=15.0, trainers_alive=3, **tma)
+    text = write_report(tmp_path).read_text()
+    assert "### wordnet, 4 machines, 100mbit links, 2 layers" in text
+    assert "Target validation: 0.7100 (distdgl reached it at 40.0s)" in text
+    # RandomTMA reaches 0.71 at 18 s: 40 / 18 = 2.22x; PSGD-PA never does
+    assert "| tma/random | random | 0.010 | 0.7150 | 0.7100 | 0.7000 | 18.0 | 2.22x | 11.0 | 5 |" in text
+    assert "| tma/psgd-pa | metis | 0.300 | 0.6600 | 0.6500 | 0.6500 | – | – | 11.0 | 5 |" in text
+    assert "| distdgl | – | – | 0.7200 | 0.7000 | 0.6900 | 40.0 | 1.00x | 2.5 |" in text
+    # the failure run against the same method without it: 0.71 - 0.695 = 1.5 points
+    assert "| wordnet 100mbit | tma/random | rank 3 killed at 15s | 3 | 0.6950 | 0.7100 | +1.50 | ok |" in text
+    assert (tmp_path / "tma-curves-wordnet-100mbit.png").stat().st_size > 1000
+    # the general table tells the variants and the failure apart
+    assert "| tma/random | wordnet |" in text and "| tma/psgd-pa | wordnet |" in text
+    assert "| tma/random (rank 3 killed at 15s) | wordnet |" in text
+
+
+@netns
+def test_distdgl_honours_the_same_wall_time_budget(tmp_path):
+    """bench=tma gives distdgl the TMA runs' budget: train.time_limit_s stops it after the epoch
+    in which its training time (evaluation excluded) reached the limit."""
+    run_dir = tmp_path / "run"
+    r = subprocess.run([PY, "-m", "degnn.launch", "pipeline=distdgl", "cluster=netns", "cluster.machines=2",
+                        "dataset=synthetic-tiny", "train.epochs=500", "train.time_limit_s=3",
+                        f"hydra.run.dir={run_dir}"], cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s, curve = _summary(run_dir), read_curve(run_dir)
+    assert s["status"] == "ok" and 1 <= s["epochs"] < 500
+    assert curve[-1]["train_time_s"] >= 3 > curve[-2]["train_time_s"] if len(curve) > 1 else curve[-1]["train_time_s"] >= 3
+    assert "val" in curve[-1]  # the last epoch is evaluated
+    assert "time limit" in (run_dir / "rank0.log").read_text()
