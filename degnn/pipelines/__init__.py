@@ -1,9 +1,10 @@
 """Training pipelines, one subpackage each, behind one interface (base.Pipeline):
-`distdgl` (the baseline), `lamp` and `tma` (not yet available)."""
+`distdgl` (the baseline), `lamp` (DEGNN's LAMP) and `tma` (not yet available)."""
 from __future__ import annotations
 
-PIPELINES = {"distdgl": "degnn.pipelines.distdgl:DistDGLPipeline"}
-NOT_YET = {"lamp", "tma"}
+PIPELINES = {"distdgl": "degnn.pipelines.distdgl:DistDGLPipeline",
+             "lamp": "degnn.pipelines.lamp:LAMPPipeline"}
+NOT_YET = {"tma"}
 
 
 def get_pipeline(name: str):
