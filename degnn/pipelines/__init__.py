@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 PIPELINES = {"distdgl": "degnn.pipelines.distdgl:DistDGLPipeline",
-             "lamp": "degnn.pipelines.lamp:LAMPPipeline"}
+             "lamp": "degnn.pipelines.lamp.pipeline:LAMPPipeline"}
 NOT_YET = {"tma"}
 
 
