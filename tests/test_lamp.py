@@ -147,7 +147,7 @@ def test_builder_fanout_samples_without_replacement():
     real = set(zip(*[t.tolist() for t in hand_partition().edges()]))
     seen = set()
     for seed in range(30):
-        cg = lg.build(torch.tensor([3, 1]), [2, 2], torch.Generator().manual_seed(seed))
+        cg = lg.build(torch.tensor([3, 1]), [2, 2])
         for k in range(2):
             edges = block_edges(cg, k)
             assert len(edges) == len(set(edges))  # no edge twice
@@ -340,3 +340,65 @@ def test_two_machine_lamp_run_trains_and_counts_its_bytes(roots, tmp_path):
     assert s["local_bytes_by_category"]["weights"] > 0 and s["setup_bytes"] > 0
     # what degnn counted is what the machines sent (netns veth counters)
     assert abs(s["net_bytes_per_batch"] / s["app_bytes_per_batch"] - 1) < 0.05
+
+
+# --- bench=lamp and its report -------------------------------------------------------------------
+def test_bench_lamp_composes_and_pairs_every_lamp_suite_with_distdgl():
+    from hydra import compose, initialize_config_dir
+
+    from degnn.config import CONF_DIR, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("bench", overrides=["bench=lamp"])
+    names = [s.name for s in cfg.bench.suites]
+    lamp = [n for n in names if n.endswith("-lamp")]
+    assert lamp and all(n[: -len("lamp")] + "distdgl" in names for n in lamp)
+    fanouts = {s.name: next(o for o in s.overrides if o.startswith("model.fanouts")) for s in cfg.bench.suites}
+    assert fanouts["bytes-L4-lamp"] == fanouts["bytes-L4-distdgl"] == "model.fanouts=[10,10,10,10]"
+    assert any("pipeline.bits=32,8,4,2" in s.overrides for s in cfg.bench.suites)
+    # every job composes (a mistyped pipeline key fails here)
+    for s in cfg.bench.suites:
+        first = [o.split(",")[0] if o.startswith(("dataset=", "pipeline.bits=")) else o for o in s.overrides]
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            job = compose("config", overrides=first)
+        assert job.pipeline.name in ("lamp", "distdgl") and len(job.model.fanouts) == job.model.layers
+
+
+def test_unknown_lamp_key_fails_at_compose_time():
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    from degnn.config import CONF_DIR, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        assert compose("config", overrides=["pipeline=lamp", "pipeline.bits=4"]).pipeline.bits == 4
+        with pytest.raises(ConfigCompositionException):
+            compose("config", overrides=["pipeline=lamp", "pipeline.bitz=4"])
+        with pytest.raises(ConfigCompositionException):
+            compose("config", overrides=["pipeline=lamp", "pipeline.sync_every=often"])
+
+
+def test_report_puts_lamp_beside_distdgl_and_plots_bytes_against_layers(tmp_path):
+    from benchmarks.report import write_report
+
+    def run(name, **summary):
+        d = tmp_path / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"status": "ok", "model": "sage", "metric": "acc", "machines": 4,
+                                                   "dataset": "wordnet", "epochs": 1, "train_time_s": 2.0,
+                                                   "allreduce_bytes_per_batch": 100.0, "best_val": 0.5,
+                                                   **summary}))
+    for layers, d_net, l_net in ((2, 1100.0, 300.0), (3, 3100.0, 340.0), (4, 9100.0, 380.0)):
+        run(f"bytes-L{layers}-distdgl/0", pipeline="distdgl", layers=layers, test=0.50, net_bytes_per_batch=d_net,
+            epoch_times_s=[2.0])
+        run(f"bytes-L{layers}-lamp/0", pipeline="lamp", layers=layers, bits=8, test=0.495, net_bytes_per_batch=l_net,
+            epoch_times_s=[1.0], history_age_mean=3.5, history_age_max=12, roots_per_batch=700.0)
+    text = write_report(tmp_path).read_text()
+    assert "## LAMP against DistDGL" in text
+    assert ("| bytes-L3 | wordnet | 3 | 8 | 1 | 3.0 / 0.3 | **9.1x** | 2.9 / 0.2 | 2.00 / 1.00 | "
+            "0.5000 / 0.4950 | -0.50 | 3.5 / 12 | 700 |") in text
+    assert "| distdgl | wordnet | 2 -> 4 | 1.0 | 8.8 | 9.00x |" in text
+    assert "| lamp | wordnet | 2 -> 4 | 0.2 | 0.3 | 1.40x |" in text
+    assert (tmp_path / "lamp_bytes_vs_layers.png").stat().st_size > 1000

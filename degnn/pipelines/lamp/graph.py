@@ -16,13 +16,13 @@ Block k computes layer k (0 = input layer), DGL's convention. Its source nodes a
 [destination nodes, other inner nodes, halo leaves], so the inner sources of block k are exactly
 the destinations of block k-1 (their computed rows come first) and the leaves' rows are appended.
 
-Sampling is done here on the partition's CSC arrays, not with dgl.sampling on the shared-memory
-partition (that aborted with std::bad_alloc on a trainer in DGL 1.1.3, DESIGN.md), so the same
-code runs in servers, trainers and tests on a hand-made partition.
+Sampling runs DGL's sampler on a private copy of the partition's CSC arrays, not on the
+shared-memory partition itself (that aborted with std::bad_alloc on a trainer in DGL 1.1.3,
+DESIGN.md), so the same code runs in servers, trainers and tests on a hand-made partition.
 """
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Sequence
+from typing import List, NamedTuple, Sequence
 
 import dgl
 import torch
@@ -48,6 +48,9 @@ class LocalGraph:
         self.nid = nid.long()
         self.num_nodes = len(self.inner)
         self._pos = torch.full((self.num_nodes,), -1, dtype=torch.int64)  # scratch, kept all -1
+        # a private copy for DGL's C++ sampler (never the shared-memory partition itself)
+        self._g = dgl.graph(("csc", (self.indptr, self.indices, torch.arange(len(self.indices)))),
+                            num_nodes=self.num_nodes)
 
     @classmethod
     def from_partition(cls, g) -> "LocalGraph":
@@ -56,26 +59,25 @@ class LocalGraph:
         indptr, indices, _ = g.adj_tensors("csc")
         return cls(indptr, indices, g.ndata["inner_node"].bool(), g.ndata[dgl.NID])
 
-    def sample(self, dst: torch.Tensor, fanout: int, generator: Optional[torch.Generator] = None):
+    def sample(self, dst: torch.Tensor, fanout: int):
         """Up to `fanout` in-neighbours of each node of `dst` (all when fanout < 0), without
-        replacement. Returns (source local ids, position of the edge's destination in `dst`)."""
+        replacement (DGL's sampler, as NeighborSampler). Returns (source local ids, position of
+        the edge's destination in `dst`); `dst` must be unique."""
+        if fanout >= 0:
+            src, d = dgl.sampling.sample_neighbors(self._g, dst, fanout).edges()
+            pos = self._pos
+            pos[dst] = torch.arange(len(dst))
+            seg = pos[d]
+            pos[dst] = -1
+            return src, seg
         start, end = self.indptr[dst], self.indptr[dst + 1]
         deg = end - start
         seg = torch.repeat_interleave(torch.arange(len(dst)), deg)
-        total = int(deg.sum())
         first = torch.cumsum(deg, 0) - deg
-        eidx = torch.repeat_interleave(start - first, deg) + torch.arange(total)
-        if fanout >= 0 and total and bool((deg > fanout).any()):
-            key = torch.rand(total, generator=generator, dtype=torch.float64)
-            key[(deg <= fanout)[seg]] = 0.0
-            order = torch.argsort(seg.double() + key, stable=True)
-            rank = torch.arange(total) - first[seg[order]]
-            keep = order[rank < fanout]
-            eidx, seg = eidx[keep], seg[keep]
+        eidx = torch.repeat_interleave(start - first, deg) + torch.arange(int(deg.sum()))
         return self.indices[eidx], seg
 
-    def build(self, roots: torch.Tensor, fanouts: Sequence[int],
-              generator: Optional[torch.Generator] = None) -> CompGraph:
+    def build(self, roots: torch.Tensor, fanouts: Sequence[int]) -> CompGraph:
         """Computation graph of len(fanouts) layers above `roots` (inner local ids, unique);
         fanouts[k] is block k's fan-out, input layer first."""
         if len(roots) and not bool(self.inner[roots].all()):
@@ -85,7 +87,7 @@ class LocalGraph:
         dst = roots.long()
         pos = self._pos
         for k in range(n - 1, -1, -1):
-            src, seg = self.sample(dst, fanouts[k], generator)
+            src, seg = self.sample(dst, fanouts[k])
             pos[dst] = torch.arange(len(dst))
             try:
                 new = torch.unique(src[pos[src] < 0])

@@ -15,12 +15,12 @@ from degnn.models import build_model
 from degnn.pipelines.base import Pipeline
 from degnn.pipelines.distdgl import num_classes_of
 from degnn.pipelines.evaluation import DistEvaluator, dataset_evaluator
-from degnn.pipelines.lamp.graph import LocalGraph
+from degnn.pipelines.lamp.graph import CompGraph, LocalGraph
 from degnn.pipelines.lamp.history import ages_summary
 from degnn.pipelines.lamp.quantize import QRows, check_bits, dequantize, quantize
 from degnn.pipelines.lamp.service import (HistoryPullRequest, HistoryPushRequest, LampRequest,
                                           LampSetupRequest, SetWeightsRequest, call, payload_bytes,
-                                          servers_of)
+                                          receive, send, servers_of)
 
 GRAD_MODES = ("stop",)
 
@@ -194,49 +194,53 @@ class LAMPPipeline(Pipeline):
     # --- one batch ------------------------------------------------------------------------
     def _batch(self, seeds: torch.Tensor):
         lg, L = self.lg, self.L
-        cg = lg.build(self.pb.nid2localnid(seeds, self.me).long(), self.fanouts)
-        self.stats["cg_nodes"] += cg.num_nodes
-        # the top block's leaves: prepared by their owners
-        top_gid = lg.nid[cg.leaves[L - 1]]
+        # the top block first: its leaves (the seeds' remote neighbours) go to their owners at
+        # once, and the owners prepare them while this trainer builds the rest of its graph
+        top = lg.build(self.pb.nid2localnid(seeds, self.me).long(), self.fanouts[L - 1:])
+        top_gid = lg.nid[top.leaves[0]]
         owner = self.pb.nid2partid(top_gid)
-        pairs, masks = [], []
+        masks, lamp = [], []
         for m in torch.unique(owner).tolist():
             mask = owner == m
             servers = servers_of(m)
-            server = servers[torch.randint(len(servers), (1,)).item()]
-            pairs.append((server, LampRequest(top_gid[mask], self.step)))
+            lamp.append((servers[torch.randint(len(servers), (1,)).item()], LampRequest(top_gid[mask], self.step)))
             masks.append(mask)
-        n_lamp = len(pairs)
+        pending = send(lamp)
+        low = lg.build(top.inner_src[0], self.fanouts[:L - 1])
+        cg = CompGraph(low.blocks + top.blocks, low.dst + top.dst, low.inner_src + top.inner_src,
+                       low.leaves + top.leaves)
         mids = list(range(1, L - 1))
+        pull = None
         if mids:
-            pairs.append((self.local_servers[0], HistoryPullRequest(
-                mids, [len(cg.leaves[k]) for k in mids], torch.cat([cg.leaves[k] for k in mids]))))
-        res = call(pairs)
-        top = torch.zeros(len(top_gid), self.cfg.model.hidden)
+            pull = HistoryPullRequest(mids, [len(cg.leaves[k]) for k in mids], torch.cat([cg.leaves[k] for k in mids]))
+            send([(self.local_servers[0], pull)], pending)
+        x = self.local_feat[cg.inner_src[0]].float()
+        leaves = [self.halo_x[cg.leaves[0]]]
+        res = receive(pending)
+        self.stats["cg_nodes"] += cg.num_nodes
+        top_h = torch.zeros(len(top_gid), self.cfg.model.hidden)
         ages = []
-        for (_, req), r, mask in zip(pairs[:n_lamp], res[:n_lamp], masks):
+        for (_, req), r, mask in zip(lamp, res, masks):
             self.ctx.counter.add("lamp_request", payload_bytes(req))
             self.ctx.counter.add("lamp_response", payload_bytes(r))
-            top[mask] = dequantize(QRows(r.codes, r.scale, r.offset), self.bits, top.shape[1])
+            top_h[mask] = dequantize(QRows(r.codes, r.scale, r.offset), self.bits, top_h.shape[1])
             self.ages[0] += r.ages[0]
             self.ages[1] += r.ages[1]
             self.ages[2] = max(self.ages[2], r.ages[2])
             self.stats["owner_nodes"] += r.computed
         self.stats["roots"] += len(top_gid)
-        self.stats["rounds"] += 1 if n_lamp else 0
-        leaves = [self.halo_x[cg.leaves[0]]]
-        if mids:
-            self._local("history_pull", payload_bytes(pairs[-1][1]) + payload_bytes(res[-1]))
-            rows = dequantize(QRows(res[-1].codes, res[-1].scale, res[-1].offset), self.bits, top.shape[1])
-            age = self.step - res[-1].stamp
-            ages.append(age)
+        self.stats["rounds"] += 1 if lamp else 0
+        if pull is not None:
+            r = res[-1]
+            self._local("history_pull", payload_bytes(pull) + payload_bytes(r))
+            rows = dequantize(QRows(r.codes, r.scale, r.offset), self.bits, top_h.shape[1])
+            ages.append(self.step - r.stamp)
             leaves += list(torch.split(rows, [len(cg.leaves[k]) for k in mids]))
-        leaves.append(top)
+        leaves.append(top_h)
         s, c, mx = ages_summary(ages)
         self.ages[0] += s
         self.ages[1] += c
         self.ages[2] = max(self.ages[2], mx)
-        x = self.local_feat[cg.inner_src[0]].float()
         return cg, x, leaves
 
     def batches_per_epoch(self) -> Optional[int]:

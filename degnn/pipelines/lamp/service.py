@@ -285,17 +285,17 @@ class LampRequest(_Guarded):
             raise ValueError("LAMP roots must be nodes this machine owns")
         local = pb.nid2localnid(roots, pb.partid).long()
         h, ages, computed = prepare(STATE.lg, STATE.model, STATE.feat, STATE.halo_x, STATE.history,
-                                    local, STATE.meta["fanouts"][:-1], STATE.version, STATE.gen)
+                                    local, STATE.meta["fanouts"][:-1], STATE.version)
         q = quantize(h, STATE.meta["bits"], generator=STATE.gen)
         return RowsResponse(q.codes, q.scale, q.offset, sel=None, ages=ages_summary(ages), computed=computed)
 
 
 def prepare(lg, model, feat, halo_x, history, roots_local, fanouts, version: int,
-            generator: Optional[torch.Generator] = None, write_back: bool = True):
+            write_back: bool = True):
     """LAMP at an owner: h^(len(fanouts)) of `roots_local` through the model's first
     len(fanouts) layers (eval mode), on the locality-aware computation graph; halo leaves of
     block k >= 1 read history layer k. Returns (h, ages of history rows used, nodes computed)."""
-    cg = lg.build(roots_local, fanouts, generator)
+    cg = lg.build(roots_local, fanouts)
     h = torch.cat([feat[cg.inner_src[0]].float(), halo_x[cg.leaves[0]]])
     ages = []
     for k, block in enumerate(cg.blocks):
@@ -324,20 +324,31 @@ def servers_of(machine: int) -> List[int]:
     return list(range(machine * per, (machine + 1) * per))
 
 
-def call(pairs: List[Tuple[int, rpc.Request]]) -> list:
-    """Send every (server id, request), then collect the responses in the same order; raise
-    LampServiceError when a server answered with an error."""
-    if not pairs:
-        return []
-    pos = {}
-    for i, (server, req) in enumerate(pairs):
+def send(pairs: List[Tuple[int, rpc.Request]], pending: Optional[dict] = None) -> dict:
+    """Send every (server id, request) without waiting; returns (or extends) the pending map
+    that `receive` takes. Requests sent together are answered in any order."""
+    pending = {} if pending is None else pending
+    for server, req in pairs:
         seq = rpc.incr_msg_seq()  # (rpc.send_request, keeping the sequence number)
         data, tensors = rpc.serialize_to_payload(req)
         rpc.send_rpc_message(rpc.RPCMessage(req.service_id, seq, rpc.get_rank(), server, data, tensors,
                                             group_id=rpc.get_group_id()), server)
-        pos[seq] = i
-    res = rpc.recv_responses(pos)
-    for (server, req), r in zip(pairs, res):
-        if getattr(r, "error", ""):
-            raise LampServiceError(f"graph server {server} failed a {type(req).__name__}: {r.error}")
+        pending[seq] = (len(pending), server, req)
+    return pending
+
+
+def receive(pending: dict) -> list:
+    """The responses to everything in `pending`, in the order sent; raises LampServiceError when
+    a server answered with an error."""
+    if not pending:
+        return []
+    res = rpc.recv_responses({seq: i for seq, (i, _, _) in pending.items()})
+    for (i, server, req) in pending.values():
+        if getattr(res[i], "error", ""):
+            raise LampServiceError(f"graph server {server} failed a {type(req).__name__}: {res[i].error}")
     return res
+
+
+def call(pairs: List[Tuple[int, rpc.Request]]) -> list:
+    """Send every (server id, request), then collect the responses in the same order."""
+    return receive(send(pairs))
