@@ -356,7 +356,8 @@ def test_bench_lamp_composes_and_pairs_every_lamp_suite_with_distdgl():
     assert lamp and all(n[: -len("lamp")] + "distdgl" in names for n in lamp)
     fanouts = {s.name: next(o for o in s.overrides if o.startswith("model.fanouts")) for s in cfg.bench.suites}
     assert fanouts["bytes-L4-lamp"] == fanouts["bytes-L4-distdgl"] == "model.fanouts=[10,10,10,10]"
-    assert any("pipeline.bits=32,8,4,2" in s.overrides for s in cfg.bench.suites)
+    bits = next(s for s in cfg.bench.suites if s.name == "bytes-L3-lamp").overrides
+    assert "pipeline.bits=32,8,4,2" in bits and "train.epochs=1" in bits
     # every job composes (a mistyped pipeline key fails here)
     for s in cfg.bench.suites:
         first = [o.split(",")[0] if o.startswith(("dataset=", "pipeline.bits=")) else o for o in s.overrides]
