@@ -308,6 +308,94 @@ def plot_tma(group: List[dict], base: Optional[dict], target: Optional[float], p
     ax.set_title(f"{s0.get('dataset')}, {s0.get('machines')} machines, {bandwidth(s0) or 'unlimited'}")
     ax.set_xlabel("training time (s, evaluation excluded)")
     ax.set_ylabel(f"validation {s0.get('metric', 'acc')}")
+
+
+def _group(s: dict) -> str:
+    """The run's suite without its pipeline suffix: bench=lamp pairs `<group>-distdgl` with
+    `<group>-lamp` (same settings otherwise)."""
+    suite = s["_rel"].split("/")[0]
+    for suffix in ("-distdgl", "-lamp"):
+        if suite.endswith(suffix):
+            return suite[: -len(suffix)]
+    return suite
+
+
+def _beyond_allreduce(s: dict) -> Optional[float]:
+    net, ar = s.get("net_bytes_per_batch"), s.get("allreduce_bytes_per_batch")
+    return None if net is None or ar is None else net - ar
+
+
+def lamp_section(runs: List[dict]) -> List[str]:
+    """bench=lamp: each lamp run beside the distdgl run of the same group, dataset and layers;
+    bytes per batch against layers for both pipelines."""
+    ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("lamp", "distdgl")]
+    if not any(s["pipeline"] == "lamp" for s in ok):
+        return []
+    base = {(_group(s), s["dataset"], s.get("layers")): s for s in ok if s["pipeline"] == "distdgl"}
+    rows = []
+    for s in sorted((s for s in ok if s["pipeline"] == "lamp"),
+                    key=lambda s: (_group(s), s["dataset"], s.get("layers"), -(s.get("bits") or 0))):
+        d = base.get((_group(s), s["dataset"], s.get("layers")))
+        if d is None:
+            continue
+        n, nd = s.get("net_bytes_per_batch"), d.get("net_bytes_per_batch")
+        t, td = median_epoch_s(s), median_epoch_s(d)
+        age = s.get("history_age_mean")
+        rows.append(
+            f"| {_group(s)} | {s['dataset']} | {s.get('layers')} | {s.get('bits')} | {s.get('epochs')} | "
+            f"{kb(nd)} / {kb(n)} | **{(nd / n if n and nd else float('nan')):.1f}x** | "
+            f"{kb(_beyond_allreduce(d))} / {kb(_beyond_allreduce(s))} | {fmt(td, '.2f')} / {fmt(t, '.2f')} | "
+            f"{fmt(d.get('test'))} / {fmt(s.get('test'))} | {(s['test'] - d['test']) * 100:+.2f} | "
+            f"{fmt(age, '.1f')} / {s.get('history_age_max', '–')} | {fmt(s.get('roots_per_batch'), '.0f')} |")
+    out = ["## LAMP against DistDGL", "",
+           "Each lamp run beside the distdgl run of the same suite group, dataset and layers (same "
+           "partitions, seeds, batch size and epochs). Bytes are on the wire per trainer and batch "
+           "(netns veth counters), in all and beyond the gradient all-reduce; epoch time is the median; "
+           "test at the best validation point.", "",
+           "| group | dataset | layers | bits | epochs | net KB/batch (distdgl / lamp) | distdgl / lamp | "
+           "beyond all-reduce KB (distdgl / lamp) | epoch s (distdgl / lamp) | test (distdgl / lamp) | "
+           "difference (points) | history age mean / max | roots/batch |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+    growth = []
+    for (pipe, ds), pts in sorted(_bytes_vs_layers(ok).items()):
+        if len(pts) >= 2:
+            (l0, b0), (l1, b1) = pts[0], pts[-1]
+            growth.append(f"| {pipe} | {ds} | {l0} -> {l1} | {kb(b0)} | {kb(b1)} | {b1 / b0:.2f}x |")
+    if growth:
+        out += ["Wire bytes per batch beyond the all-reduce as layers grow (8-bit lamp):", "",
+                "| pipeline | dataset | layers | KB/batch before | KB/batch after | growth |",
+                "|---|---|---|---|---|---|", *growth, ""]
+    return out
+
+
+def _bytes_vs_layers(ok: List[dict]) -> Dict[tuple, list]:
+    """(pipeline, dataset) -> [(layers, wire bytes per batch beyond the all-reduce)], one run per
+    layer count (lamp at 8 bits; a `bytes-*` suite's run first)."""
+    pick: Dict[tuple, dict] = {}
+    for s in sorted(ok, key=lambda s: (not _group(s).startswith("bytes"), s["_rel"])):
+        if s["pipeline"] == "lamp" and s.get("bits") != 8:
+            continue
+        if _beyond_allreduce(s) is None:
+            continue
+        pick.setdefault((s["pipeline"], s["dataset"], s.get("layers")), s)
+    series: Dict[tuple, list] = defaultdict(list)
+    for (pipe, ds, layers), s in sorted(pick.items(), key=lambda kv: str(kv[0])):
+        series[(pipe, ds)].append((layers, _beyond_allreduce(s)))
+    return {k: sorted(v) for k, v in series.items()}
+
+
+def plot_lamp_bytes(runs: List[dict], path: Path) -> Optional[Path]:
+    ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("lamp", "distdgl")]
+    series = _bytes_vs_layers(ok)
+    if not any(p == "lamp" for p, _ in series):
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (pipe, ds), pts in sorted(series.items()):
+        ax.plot([l for l, _ in pts], [b / 1024 for _, b in pts], marker="o",
+                linestyle="-" if pipe == "lamp" else "--", label=f"{pipe} {ds}")
+    ax.set_yscale("log")
+    ax.set_xlabel("layers")
+    ax.set_ylabel("wire KB per batch beyond the all-reduce")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -373,12 +461,16 @@ def write_report(results: Path, title: str = "degnn benchmark") -> Path:
     lines += comparisons(runs)
     lines += parity(runs)
     lines += tma_section(runs, results)
+    lines += lamp_section(runs)
     curves = plot_curves(runs, results / "curves.png")
     bytes_png = plot_bytes(runs, results / "bytes_per_batch.png")
     if curves:
         lines += ["## Validation metric against training time", "", f"![curves]({curves.name})", ""]
     if bytes_png:
         lines += ["## Bytes per batch", "", f"![bytes]({bytes_png.name})", ""]
+    lamp_png = plot_lamp_bytes(runs, results / "lamp_bytes_vs_layers.png")
+    if lamp_png:
+        lines += ["## LAMP: bytes per batch against layers", "", f"![lamp bytes]({lamp_png.name})", ""]
     report = results / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report

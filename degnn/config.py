@@ -121,6 +121,22 @@ class TMAConfig(PipelineConfig):
 
 
 @dataclass
+class LAMPConfig(PipelineConfig):
+    """pipeline=lamp (degnn/pipelines/lamp): the schema of conf/pipeline/lamp.yaml, so a mistyped
+    LAMP key fails at compose time."""
+
+    name: str = "lamp"
+    # quantization of historical embeddings and of the owners' answers: 32 | 16 | 8 | 4 | 2
+    bits: int = 8
+    # halo history rows are refreshed from their owners every this many steps
+    sync_every: int = 10
+    # the model's lower layers are shipped to the machine's graph servers every this many steps
+    weight_sync_every: int = 1
+    # stop: owner answers and history rows are constants for the backward pass (GAS semantics)
+    grad: str = "stop"
+
+
+@dataclass
 class PartitionConfig:
     # random | metis | supernode
     method: str = MISSING
@@ -228,5 +244,6 @@ def register_configs() -> None:
     cs.store(name="config_schema", node=Config)
     # per-pipeline schemas, named in the `defaults` of conf/pipeline/<name>.yaml
     cs.store(group="pipeline", name="tma_schema", node=TMAConfig)
+    cs.store(group="pipeline", name="lamp_schema", node=LAMPConfig)
     cs.store(name="partition_schema", node=PartitionJob)
     cs.store(name="bench_schema", node=BenchJob)

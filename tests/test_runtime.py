@@ -188,15 +188,6 @@ def test_entry_without_launcher_says_how_to_start(tmp_path):
     assert "degnn.launch" in p.stderr and p.stderr.strip().count("\n") == 0
 
 
-@pytest.mark.parametrize("pipeline", ["lamp"])
-def test_pipelines_not_yet_available_say_so_before_anything_starts(tmp_path, pipeline):
-    p = subprocess.run([sys.executable, "-m", "degnn.launch", f"pipeline={pipeline}", f"hydra.run.dir={tmp_path}"],
-                       cwd=REPO, capture_output=True, text=True, timeout=budget(120))
-    assert p.returncode == 2
-    assert f"pipeline={pipeline} is not yet available" in p.stderr
-    assert not (tmp_path / "summary.json").exists()
-
-
 def test_model_config_errors_come_before_anything_starts(tmp_path):
     p = subprocess.run([sys.executable, "-m", "degnn.launch", "model.layers=3", f"hydra.run.dir={tmp_path}"],
                        cwd=REPO, capture_output=True, text=True, timeout=budget(120))

@@ -1,19 +1,15 @@
 """Training pipelines, one subpackage each, behind one interface (base.Pipeline):
-`distdgl` (the baseline), `tma` (RandomTMA / SuperTMA / PSGD-PA / LLCG) and `lamp` (not yet
-available)."""
+`distdgl` (the baseline), `tma` (RandomTMA / SuperTMA / PSGD-PA / LLCG) and `lamp` (DEGNN's LAMP)."""
 from __future__ import annotations
 
 PIPELINES = {"distdgl": "degnn.pipelines.distdgl:DistDGLPipeline",
-             "tma": "degnn.pipelines.tma:TMAPipeline"}
-NOT_YET = {"lamp"}
+             "tma": "degnn.pipelines.tma:TMAPipeline",
+             "lamp": "degnn.pipelines.lamp.pipeline:LAMPPipeline"}
 
 
 def get_pipeline(name: str):
     import importlib
 
-    if name in NOT_YET:
-        raise NotImplementedError(f"pipeline={name} is not yet available in this version of degnn; "
-                                  f"use pipeline=distdgl")
     if name not in PIPELINES:
         raise ValueError(f"unknown pipeline '{name}': choose one of {', '.join(sorted(PIPELINES))}")
     module, cls = PIPELINES[name].split(":")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 
 # modules that define services (their `SERVICES` lists)
-SERVICE_MODULES = ["degnn.pipelines.tma.service"]
+SERVICE_MODULES = ["degnn.pipelines.tma.service", "degnn.pipelines.lamp.service"]
 
 # (service_id, request_class, response_class) defined outside SERVICE_MODULES (tests)
 SERVICES: list = []

@@ -1,0 +1,60 @@
+"""pipeline=lamp: DEGNN's decentralized batch processing with LAMP (reference/degnn.md §4,
+"LAMP-R"). The machines that own a batch's remote neighbours prepare them; bytes per batch stop
+growing with the number of layers.
+
+One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
+
+1. Seeds from the trainer's own training nodes. The locality-aware computation graph
+   (graph.py) is built on the trainer's own partition: own nodes are expanded through their
+   in-edges with the model's fan-outs; a sampled neighbour owned elsewhere (a halo node) is a
+   leaf. Leaves of block 0 read raw features (a replica of the halo nodes' features made once
+   at setup: input features never change), leaves of blocks 1..L-2 read the quantized
+   histories h^(k) (history.py, through the machine's own graph server: loopback, no wire).
+2. The leaves of the top block (the seeds' remote neighbours) are *roots*: deduplicated and
+   grouped by owner, one LampRequest per owner machine (service.py), all in flight together:
+   one RPC round per batch. The owner builds the same kind of graph for layers 1..L-1 below
+   them on its own partition, reads its halo leaves from its histories, runs its model
+   replica and answers h^(L-1) of the roots, quantized to `pipeline.bits`.
+3. The trainer runs the L layers through its DDP wrapper; owner answers and history rows are
+   constants (`pipeline.grad=stop`, GAS semantics): the gradient flows through the trainer's
+   own sub-graph only, and DDP all-reduces it as in distdgl.
+4. Fresh h^(1..L-1) of the batch's own nodes are pushed to the machine's histories (owners
+   write theirs back too). Every `weight_sync_every` steps the trainer ships the layers below
+   the top to its own machine's graph server(s): every machine has a trainer holding the same
+   DDP weights, so owners never need weights from another machine (loopback, no wire). Every
+   `sync_every` steps each machine pulls, from each owner, the history rows of its halo nodes
+   written since the last sync (quantized as stored, with their stamps).
+
+Histories are initialised with one layer-wise inference pass (the evaluator's whole-graph pass
+computes every layer's output for every node). Evaluation is the evaluator's, as for distdgl.
+
+Choices where the paper is silent (reference/degnn.md §6), and why:
+* Owners answer per-root h^(L-1) (not per-seed partial sums): works for every aggregator
+  (GAT too) and the bytes are |roots| x (d_h b/8 + 4), independent of L and lower fan-outs.
+* Gradient: stop (GAS). Push-pull (P3-style) gradients, request fusion and the asynchronous
+  pipeline are issue 9.
+* Owner-side computation runs in eval mode (no dropout): answers stand in for historical
+  embeddings, which should be expectations.
+* Halo input features are replicated once at setup (counted in `setup_bytes`): block 0 of an
+  own node needs its halo neighbours' raw features, and they never change.
+* Quantization with stochastic rounding happens on every write (histories, answers); the
+  halo sync moves stored codes unchanged (no second rounding).
+
+Bytes (ByteCounter categories, only what crosses machines): lamp_request, lamp_response,
+history_sync, allreduce. Loopback traffic to the machine's own server (weights, history push/pull,
+setup) is reported apart in `local_bytes_by_category`: it never reaches the wire counters.
+
+Files: quantize.py (per-row quantization), history.py (the history tables), graph.py (the
+computation-graph builder), service.py (the requests the graph servers answer), pipeline.py
+(the trainer's loop). This package imports nothing heavy itself: graph servers import
+service.py before `dgl.distributed.initialize` (degnn.runtime.services).
+"""
+from __future__ import annotations
+
+
+def __getattr__(name):
+    if name in ("LAMPPipeline", "LampNet"):
+        from degnn.pipelines.lamp import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(name)

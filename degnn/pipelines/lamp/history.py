@@ -1,0 +1,80 @@
+"""Quantized historical embeddings: one table per hidden layer, h^(1) .. h^(L-1) (GAS's
+convention), over one machine's local nodes (its own nodes and its halo nodes).
+
+Like pyg_autoscale's ``History``: ``push`` writes rows (quantized with stochastic rounding, stamped
+with the model version that computed them), ``pull`` reads them back as float32 with their age
+(now - stamp, in training steps). ``push_codes`` / ``pull_codes`` move already-quantized rows
+unchanged, for the halo sync between machines (the owner's stamp travels with the row).
+
+Where the tables live: in the graph server process of each machine, as state set by requests
+(degnn/pipelines/lamp/service.py), not as a DistTensor in the KVStore. The reason: the reader that
+matters is the LAMP engine inside that server, and it needs the *halo* rows (nodes other machines
+own) next to the rows of its own nodes; a node-partitioned DistTensor holds only a machine's own
+rows, so every halo read would cross the network, which is what histories exist to avoid. The
+trainer of that machine reads and writes the same tables through its local server (loopback, no
+wire bytes).
+"""
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import torch
+
+from degnn.pipelines.lamp.quantize import QRows, check_bits, dequantize, quantize, row_bytes
+
+
+class History:
+    def __init__(self, num_nodes: int, dim: int, layers: int, bits: int):
+        """`layers` tables (hidden layers 1..layers) of `num_nodes` rows of `dim` values."""
+        self.num_nodes, self.dim, self.layers, self.bits = num_nodes, dim, layers, check_bits(bits)
+        proto = quantize(torch.zeros(1, dim), bits)
+        self.codes = [torch.zeros((num_nodes,) + proto.codes.shape[1:], dtype=proto.codes.dtype)
+                      for _ in range(layers)]
+        self.scale = [torch.zeros(num_nodes if bits < 16 else 0, dtype=torch.float16) for _ in range(layers)]
+        self.offset = [torch.zeros(num_nodes if bits < 16 else 0, dtype=torch.float16) for _ in range(layers)]
+        self.stamp = [torch.full((num_nodes,), -1, dtype=torch.int64) for _ in range(layers)]
+
+    def _t(self, layer: int) -> int:
+        if not 1 <= layer <= self.layers:
+            raise IndexError(f"history layer {layer} out of range 1..{self.layers}")
+        return layer - 1
+
+    # --- float rows ----------------------------------------------------------------------------
+    def push(self, layer: int, ids: torch.Tensor, x: torch.Tensor, version: int) -> None:
+        self.push_codes(layer, ids, quantize(x, self.bits), torch.full((len(ids),), version, dtype=torch.int64))
+
+    def pull(self, layer: int, ids: torch.Tensor, now: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(rows as float32 [len(ids), dim], age of each row in steps). Rows never written read as
+        zeros with age `now + 1`."""
+        q, stamp = self.pull_codes(layer, ids)
+        return dequantize(q, self.bits, self.dim), now - stamp
+
+    # --- quantized rows, unchanged (halo sync) -------------------------------------------------
+    def push_codes(self, layer: int, ids: torch.Tensor, q: QRows, stamp: torch.Tensor) -> None:
+        t = self._t(layer)
+        self.codes[t][ids] = q.codes
+        if self.bits < 16:
+            self.scale[t][ids] = q.scale
+            self.offset[t][ids] = q.offset
+        self.stamp[t][ids] = stamp
+
+    def pull_codes(self, layer: int, ids: torch.Tensor) -> Tuple[QRows, torch.Tensor]:
+        t = self._t(layer)
+        empty = torch.empty(0, dtype=torch.float16)
+        q = QRows(self.codes[t][ids], self.scale[t][ids] if self.bits < 16 else empty,
+                  self.offset[t][ids] if self.bits < 16 else empty)
+        return q, self.stamp[t][ids]
+
+    def nbytes(self) -> int:
+        return self.layers * self.num_nodes * (row_bytes(self.dim, self.bits) + 8)
+
+
+def ages_summary(ages: List[torch.Tensor]) -> Tuple[int, int, int]:
+    """(sum, count, max) of the ages of history rows used."""
+    s = c = m = 0
+    for a in ages:
+        if len(a):
+            s += int(a.sum())
+            c += len(a)
+            m = max(m, int(a.max()))
+    return s, c, m

@@ -1,0 +1,354 @@
+"""LAMP's DGL RPC services, run inside the graph servers (registered through
+degnn.runtime.services.SERVICE_MODULES in every server and trainer before
+`dgl.distributed.initialize`). Imports dgl and torch only at import time.
+
+Each request is a small class whose `process_request(server_state)` runs in the server that
+received it (the layout of DGL's graph_services.py). The state LAMP keeps in a server (model
+replica, its version, halo features, the quantized histories of degnn/pipelines/lamp/history.py) is
+module state of that server process, set by the requests below:
+
+| id   | request           | from                         | does                                                  |
+|------|-------------------|------------------------------|-------------------------------------------------------|
+| 7710 | LampSetup         | the machine's own trainer    | model shape, fan-outs, bits; halo nodes' features     |
+| 7711 | SetWeights        | the machine's own trainer    | layers 1..L-1 of the model, with its version (step)   |
+| 7712 | HistoryPush       | the machine's own trainer    | write quantized rows (local ids) into the histories  |
+| 7713 | HistoryPull       | own trainer / other machines | read rows (local ids, or global ids of owned nodes)   |
+| 7714 | Lamp              | any trainer                  | prepare h^(L-1) of the roots (global ids it owns)     |
+
+An exception inside `process_request` is answered as a response whose `error` names it; the
+server keeps serving (DGL's default would kill the server and hang every trainer). The trainer
+side (`call`) raises LampServiceError with that message.
+"""
+from __future__ import annotations
+
+import traceback
+from typing import List, Optional, Sequence, Tuple
+
+import dgl
+import torch
+from dgl.distributed import rpc
+
+ID_SETUP, ID_WEIGHTS, ID_PUSH, ID_PULL, ID_LAMP = 7710, 7711, 7712, 7713, 7714
+MSG_OVERHEAD = 64  # DGL RPC message header (ids, sizes) beyond the pickled fields and the tensors
+
+
+class LampServiceError(RuntimeError):
+    """A LAMP request failed inside a graph server (the server keeps running)."""
+
+
+class _ServerState:
+    """What LAMP keeps in one graph server process."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.meta = None
+        self.lg = None
+        self.model = None
+        self.version = -1
+        self.history = None
+        self.halo_x = None
+        self.feat = None
+        self.gen = torch.Generator().manual_seed(0)
+
+
+STATE = _ServerState()
+
+
+def _local_graph(server_state):
+    from degnn.pipelines.lamp.graph import LocalGraph
+
+    if STATE.lg is None:
+        STATE.lg = LocalGraph.from_partition(server_state.graph)
+    return STATE.lg
+
+
+def _features(server_state):
+    if STATE.feat is None:
+        store = server_state.kv_store.data_store
+        names = [k for k in store if k.split("~")[-1] == "feat"]
+        if len(names) != 1:
+            raise KeyError(f"no unique node feature 'feat' in this server's KVStore: {sorted(store)}")
+        STATE.feat = store[names[0]]
+    return STATE.feat
+
+
+def _require_setup():
+    if STATE.meta is None or STATE.history is None:
+        raise RuntimeError("LAMP is not set up on this server (no LampSetup request yet)")
+
+
+def payload_bytes(obj) -> int:
+    """Bytes a request or response puts on the wire: pickled fields + tensors + header."""
+    data, tensors = rpc.serialize_to_payload(obj)
+    return len(data) + sum(t.numel() * t.element_size() for t in tensors) + MSG_OVERHEAD
+
+
+# --- responses -------------------------------------------------------------------------------
+class AckResponse(rpc.Response):
+    def __init__(self, error: str = ""):
+        self.error = error
+
+    def __getstate__(self):
+        return self.error
+
+    def __setstate__(self, state):
+        self.error = state
+
+
+class RowsResponse(rpc.Response):
+    """Quantized rows (codes, scale, offset), their stamps, which request rows they are (`sel`,
+    empty = all, in order) and, for Lamp, the ages of the history rows the server used."""
+
+    def __init__(self, codes=None, scale=None, offset=None, stamp=None, sel=None, ages=(0, 0, 0),
+                 computed: int = 0, error: str = ""):
+        e = torch.empty(0)
+        self.codes = e if codes is None else codes
+        self.scale = e if scale is None else scale
+        self.offset = e if offset is None else offset
+        self.stamp = torch.empty(0, dtype=torch.int64) if stamp is None else stamp
+        self.sel = torch.empty(0, dtype=torch.int64) if sel is None else sel
+        self.ages, self.computed, self.error = tuple(ages), computed, error
+
+    def __getstate__(self):
+        return self.codes, self.scale, self.offset, self.stamp, self.sel, self.ages, self.computed, self.error
+
+    def __setstate__(self, state):
+        (self.codes, self.scale, self.offset, self.stamp, self.sel, self.ages, self.computed,
+         self.error) = state
+
+
+# --- requests --------------------------------------------------------------------------------
+class _Guarded(rpc.Request):
+    """process_request never raises: an error becomes the response's `error`."""
+    response_cls = AckResponse
+
+    def process_request(self, server_state):
+        try:
+            return self.process(server_state)
+        except Exception as e:  # noqa: BLE001 - answered, not raised: the server must live on
+            msg = f"{type(self).__name__} on server: {type(e).__name__}: {e}"
+            print("degnn lamp service error:\n" + traceback.format_exc(), flush=True)
+            return self.response_cls(error=msg)
+
+    def process(self, server_state):
+        raise NotImplementedError
+
+
+class LampSetupRequest(_Guarded):
+    """meta: dict(kind, in_dim, hidden, out_dim, layers, dropout, heads, fanouts, bits, seed);
+    halo_ids: local ids of halo nodes, halo_x: their input features."""
+
+    def __init__(self, meta: dict, halo_ids: torch.Tensor, halo_x: torch.Tensor):
+        self.meta, self.halo_ids, self.halo_x = meta, halo_ids, halo_x
+
+    def __getstate__(self):
+        return self.meta, self.halo_ids, self.halo_x
+
+    def __setstate__(self, state):
+        self.meta, self.halo_ids, self.halo_x = state
+
+    def process(self, server_state):
+        from degnn.models import GNN
+        from degnn.pipelines.lamp.history import History
+
+        m = self.meta
+        lg = _local_graph(server_state)
+        feat = _features(server_state)
+        STATE.reset()
+        STATE.lg, STATE.feat = lg, feat
+        STATE.meta = dict(m)
+        STATE.model = GNN(m["kind"], m["in_dim"], m["hidden"], m["out_dim"], m["layers"], m["dropout"],
+                          m["heads"]).eval()
+        STATE.history = History(lg.num_nodes, m["hidden"], m["layers"] - 1, m["bits"])
+        STATE.halo_x = torch.zeros(lg.num_nodes, feat.shape[1])
+        STATE.halo_x[self.halo_ids] = self.halo_x.float()
+        STATE.gen.manual_seed(int(m.get("seed", 0)))
+        return AckResponse()
+
+
+class SetWeightsRequest(_Guarded):
+    """The model's parameters that owners need (layers below the top one) and their version."""
+
+    def __init__(self, version: int, names: List[str], tensors: Sequence[torch.Tensor]):
+        self.version, self.names, self.tensors = version, list(names), list(tensors)
+
+    def __getstate__(self):
+        return (self.version, self.names) + tuple(self.tensors)
+
+    def __setstate__(self, state):
+        self.version, self.names = state[0], state[1]
+        self.tensors = list(state[2:])
+
+    def process(self, server_state):
+        _require_setup()
+        missing = STATE.model.load_state_dict(dict(zip(self.names, self.tensors)), strict=False).unexpected_keys
+        if missing:
+            raise KeyError(f"unknown parameters {missing}")
+        STATE.version = max(STATE.version, int(self.version))
+        return AckResponse()
+
+
+class HistoryPushRequest(_Guarded):
+    """Write rows of history `layer` for local ids `ids` (already quantized, with stamps)."""
+
+    def __init__(self, layer: int, ids, codes, scale, offset, stamp):
+        self.layer, self.ids, self.codes, self.scale, self.offset, self.stamp = layer, ids, codes, scale, offset, stamp
+
+    def __getstate__(self):
+        return self.layer, self.ids, self.codes, self.scale, self.offset, self.stamp
+
+    def __setstate__(self, state):
+        self.layer, self.ids, self.codes, self.scale, self.offset, self.stamp = state
+
+    def process(self, server_state):
+        from degnn.pipelines.lamp.quantize import QRows
+
+        _require_setup()
+        STATE.history.push_codes(self.layer, self.ids.long(), QRows(self.codes, self.scale, self.offset),
+                                 self.stamp.long())
+        return AckResponse()
+
+
+class HistoryPullRequest(_Guarded):
+    """Rows of history layers `layers[i]` for `ids[counts[:i].sum():counts[:i+1].sum()]`.
+
+    `global_ids`: ids are global ids of nodes this machine owns (another machine's halo sync);
+    else local ids of this machine's partition. `since` >= 0: only rows stamped after it."""
+    response_cls = RowsResponse
+
+    def __init__(self, layers: List[int], counts: List[int], ids: torch.Tensor, global_ids: bool = False,
+                 since: int = -1):
+        self.layers, self.counts, self.ids, self.global_ids, self.since = list(layers), list(counts), ids, global_ids, since
+
+    def __getstate__(self):
+        return self.layers, self.counts, self.ids, self.global_ids, self.since
+
+    def __setstate__(self, state):
+        self.layers, self.counts, self.ids, self.global_ids, self.since = state
+
+    def process(self, server_state):
+        from degnn.pipelines.lamp.quantize import QRows
+
+        _require_setup()
+        ids = self.ids.long()
+        if self.global_ids:
+            pb = server_state.partition_book
+            if len(ids) and not bool((pb.nid2partid(ids) == pb.partid).all()):
+                raise ValueError("HistoryPull by global id for nodes this machine does not own")
+            ids = pb.nid2localnid(ids, pb.partid).long()
+        parts, stamps, sels, start = [], [], [], 0
+        for layer, n in zip(self.layers, self.counts):
+            chunk = ids[start:start + n]
+            q, stamp = STATE.history.pull_codes(layer, chunk)
+            if self.since >= 0:
+                keep = torch.nonzero(stamp > self.since).flatten()
+                q, stamp = QRows(*(t[keep] if len(t) else t for t in q)), stamp[keep]
+                sels.append(keep + start)
+            parts.append(q)
+            stamps.append(stamp)
+            start += n
+        if start != len(ids):
+            raise ValueError(f"HistoryPull: counts add up to {start}, got {len(ids)} ids")
+        cat = [torch.cat([p[i] for p in parts]) if parts else torch.empty(0) for i in range(3)]
+        sel = torch.cat(sels) if sels else None
+        return RowsResponse(cat[0], cat[1], cat[2], torch.cat(stamps) if stamps else None, sel)
+
+
+class LampRequest(_Guarded):
+    """Prepare h^(L-1) of `roots` (global ids this machine owns): locality-aware computation graph
+    of layers 1..L-1 below them, halo leaves from the histories, the server's model replica; fresh
+    rows of owned nodes are written back to the histories. Answered quantized, in root order."""
+    response_cls = RowsResponse
+
+    def __init__(self, roots: torch.Tensor, version: int):
+        self.roots, self.version = roots, version
+
+    def __getstate__(self):
+        return self.roots, self.version
+
+    def __setstate__(self, state):
+        self.roots, self.version = state
+
+    @torch.no_grad()
+    def process(self, server_state):
+        from degnn.pipelines.lamp.history import ages_summary
+        from degnn.pipelines.lamp.quantize import quantize
+
+        _require_setup()
+        if STATE.version < 0:
+            raise RuntimeError("LAMP request before any SetWeights: the server has no model weights")
+        pb = server_state.partition_book
+        roots = self.roots.long()
+        if len(roots) and not bool((pb.nid2partid(roots) == pb.partid).all()):
+            raise ValueError("LAMP roots must be nodes this machine owns")
+        local = pb.nid2localnid(roots, pb.partid).long()
+        h, ages, computed = prepare(STATE.lg, STATE.model, STATE.feat, STATE.halo_x, STATE.history,
+                                    local, STATE.meta["fanouts"][:-1], STATE.version)
+        q = quantize(h, STATE.meta["bits"], generator=STATE.gen)
+        return RowsResponse(q.codes, q.scale, q.offset, sel=None, ages=ages_summary(ages), computed=computed)
+
+
+def prepare(lg, model, feat, halo_x, history, roots_local, fanouts, version: int,
+            write_back: bool = True):
+    """LAMP at an owner: h^(len(fanouts)) of `roots_local` through the model's first
+    len(fanouts) layers (eval mode), on the locality-aware computation graph; halo leaves of
+    block k >= 1 read history layer k. Returns (h, ages of history rows used, nodes computed)."""
+    cg = lg.build(roots_local, fanouts)
+    h = torch.cat([feat[cg.inner_src[0]].float(), halo_x[cg.leaves[0]]])
+    ages = []
+    for k, block in enumerate(cg.blocks):
+        if k > 0:
+            rows, age = history.pull(k, cg.leaves[k], version)
+            ages.append(age)
+            h = torch.cat([h, rows])
+        h = model.layer_forward(k, block, h)
+        if write_back:
+            history.push(k + 1, cg.dst[k], h, version)
+    return h, ages, sum(len(d) for d in cg.dst)
+
+
+SERVICES = [
+    (ID_SETUP, LampSetupRequest, AckResponse),
+    (ID_WEIGHTS, SetWeightsRequest, AckResponse),
+    (ID_PUSH, HistoryPushRequest, AckResponse),
+    (ID_PULL, HistoryPullRequest, RowsResponse),
+    (ID_LAMP, LampRequest, RowsResponse),
+]
+
+
+# --- trainer side ----------------------------------------------------------------------------
+def servers_of(machine: int) -> List[int]:
+    per = rpc.get_num_server_per_machine()
+    return list(range(machine * per, (machine + 1) * per))
+
+
+def send(pairs: List[Tuple[int, rpc.Request]], pending: Optional[dict] = None) -> dict:
+    """Send every (server id, request) without waiting; returns (or extends) the pending map
+    that `receive` takes. Requests sent together are answered in any order."""
+    pending = {} if pending is None else pending
+    for server, req in pairs:
+        seq = rpc.incr_msg_seq()  # (rpc.send_request, keeping the sequence number)
+        data, tensors = rpc.serialize_to_payload(req)
+        rpc.send_rpc_message(rpc.RPCMessage(req.service_id, seq, rpc.get_rank(), server, data, tensors,
+                                            group_id=rpc.get_group_id()), server)
+        pending[seq] = (len(pending), server, req)
+    return pending
+
+
+def receive(pending: dict) -> list:
+    """The responses to everything in `pending`, in the order sent; raises LampServiceError when
+    a server answered with an error."""
+    if not pending:
+        return []
+    res = rpc.recv_responses({seq: i for seq, (i, _, _) in pending.items()})
+    for (i, server, req) in pending.values():
+        if getattr(res[i], "error", ""):
+            raise LampServiceError(f"graph server {server} failed a {type(req).__name__}: {res[i].error}")
+    return res
+
+
+def call(pairs: List[Tuple[int, rpc.Request]]) -> list:
+    """Send every (server id, request), then collect the responses in the same order."""
+    return receive(send(pairs))

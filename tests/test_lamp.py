@@ -1,0 +1,405 @@
+"""pipeline=lamp: quantizer, histories, the locality-aware computation-graph builder, the owner's
+preparation against exact whole-graph layers, the service's error answers, and launched runs
+(a server answering LAMP requests and surviving bad ones; a 2-machine training run)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import dgl
+import pytest
+import torch
+
+from degnn.models import GNN
+from degnn.pipelines.lamp.pipeline import LampNet
+from degnn.pipelines.lamp.graph import LocalGraph
+from degnn.pipelines.lamp.history import History
+from degnn.pipelines.lamp.quantize import BITS, QRows, dequantize, quantize, row_bytes
+from degnn.pipelines.lamp import service
+
+REPO = Path(__file__).resolve().parents[1]
+NETNS = os.geteuid() == 0 and shutil.which("ip") is not None
+
+
+# --- quantizer ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("dim", [1, 7, 128])
+def test_quantize_round_trip_shapes_and_bytes(bits, dim):
+    x = torch.randn(50, dim) * 3 + 1
+    q = quantize(x, bits)
+    assert q.nbytes == 50 * row_bytes(dim, bits)
+    y = dequantize(QRows(*q), bits, dim)
+    assert y.shape == x.shape and y.dtype == torch.float32
+    if bits == 32:
+        assert torch.equal(y, x)
+    elif bits == 16:
+        assert torch.allclose(y, x, rtol=2 ** -10, atol=1e-6)
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+@pytest.mark.parametrize("stochastic", [True, False])
+def test_quantize_error_below_one_step_per_row(bits, stochastic):
+    torch.manual_seed(0)
+    x = torch.cat([torch.randn(200, 33) * 5, torch.rand(50, 33) * 1e-3 - 7.0, torch.full((3, 33), 2.5),
+                   torch.zeros(2, 33)])
+    q = quantize(x, bits, stochastic=stochastic)
+    y = dequantize(q, bits, 33)
+    step = q.scale.float()
+    rng = x.max(1).values - x.min(1).values
+    # the step is the row's range over 2^b - 1 levels, the range widened by the float16 rounding
+    # of the offset (one float16 ulp of the minimum, 2^-10 relative) and of the scale
+    varying = rng > 0
+    lo = x.min(1).values.abs()
+    assert torch.all(step[varying] <= (rng + lo * 2 ** -10)[varying] / ((1 << bits) - 1) * (1 + 2 ** -9) + 1e-6)
+    err = (y - x).abs()
+    bound = (step if stochastic else step / 2)[:, None] * (1 + 1e-4) + 1e-6
+    assert torch.all(err <= bound), (err - bound).max()
+    assert torch.allclose(y[-5:-2], x[-5:-2], atol=2.5 * 2 ** -10)  # constant rows
+    assert torch.all(y[-2:] == 0)
+
+
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_stochastic_rounding_is_unbiased_and_nearest_is_not(bits):
+    torch.manual_seed(1)
+    # each row spans exactly 0..levels (min and max included), interior values at 0.3 of a step
+    levels = (1 << bits) - 1
+    base = torch.tensor([0.0, float(levels)] + [0.3 + i % levels for i in range(30)])
+    x = base.repeat(8, 1) * 0.1
+    n = 4000
+    mean = sum(dequantize(quantize(x, bits), bits, x.shape[1]) for _ in range(n)) / n
+    step = 0.1
+    # stochastic: mean within 5 standard errors (sd of one draw <= step/2)
+    assert (mean - x).abs().max() < 5 * (step / 2) / n ** 0.5
+    nearest = dequantize(quantize(x, bits, stochastic=False), bits, x.shape[1])
+    assert (nearest - x)[:, 2:].mean().abs() > 0.25 * step  # always rounds 0.3 down: biased
+
+
+def test_bad_bit_width_is_refused():
+    with pytest.raises(ValueError, match="pipeline.bits must be one of"):
+        History(4, 8, 1, 3)
+
+
+# --- histories ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("bits", [32, 16, 8, 2])
+def test_history_push_pull_ages_and_raw_codes(bits):
+    h = History(10, 6, 2, bits)
+    x = torch.randn(3, 6)
+    h.push(2, torch.tensor([1, 4, 7]), x, version=5)
+    rows, age = h.pull(2, torch.tensor([7, 1, 0]), now=9)
+    tol = {32: 0, 16: 1e-2, 8: 0.1, 2: 3.0}[bits]
+    assert torch.allclose(rows[:2], x[[2, 0]], atol=tol + 1e-6)
+    assert rows[2].abs().sum() == 0
+    assert age.tolist() == [4, 4, 10]  # never written: stamp -1
+    assert h.pull(1, torch.tensor([1]), now=9)[1].tolist() == [10]  # other layer untouched
+    q, stamp = h.pull_codes(2, torch.tensor([4]))
+    h2 = History(10, 6, 2, bits)
+    h2.push_codes(2, torch.tensor([3]), q, stamp)
+    assert torch.equal(h2.pull(2, torch.tensor([3]), 9)[0], h.pull(2, torch.tensor([4]), 9)[0])
+    with pytest.raises(IndexError):
+        h.pull(3, torch.tensor([0]), 0)
+
+
+# --- computation graphs ------------------------------------------------------------------------
+def hand_partition():
+    """Local ids 0..3 own (inner), 4 and 5 halo; in-edges of own nodes only (DGL's layout):
+    0 <- 1, 4   1 <- 0, 2, 5   2 <- 3   3 <- 0, 1, 2, 4, 5."""
+    src = torch.tensor([1, 4, 0, 2, 5, 3, 0, 1, 2, 4, 5])
+    dst = torch.tensor([0, 0, 1, 1, 1, 2, 3, 3, 3, 3, 3])
+    g = dgl.graph((src, dst), num_nodes=6)
+    g.ndata["inner_node"] = torch.tensor([1, 1, 1, 1, 0, 0])
+    g.ndata[dgl.NID] = torch.tensor([10, 11, 12, 13, 20, 21])
+    return g
+
+
+def block_edges(cg, k):
+    s, d = cg.blocks[k].edges()
+    src_ids = torch.cat([cg.inner_src[k], cg.leaves[k]])
+    return sorted(zip(src_ids[s].tolist(), cg.dst[k][d].tolist()))
+
+
+def test_builder_expands_own_nodes_and_stops_at_halo_leaves():
+    g = hand_partition()
+    lg = LocalGraph.from_partition(g)
+    cg = lg.build(torch.tensor([0]), [-1, -1])
+    # top block (1): root 0 and its in-neighbours; 4 is a halo leaf (its owner prepares it)
+    assert cg.dst[1].tolist() == [0]
+    assert cg.inner_src[1].tolist() == [0, 1] and cg.leaves[1].tolist() == [4]
+    assert block_edges(cg, 1) == [(1, 0), (4, 0)]
+    # block 0: the own nodes of block 1's sources are expanded; halo 4 is not (it has no in-edges
+    # here), 4 and 5 are leaves read from elsewhere
+    assert cg.dst[0].tolist() == [0, 1]
+    assert cg.inner_src[0].tolist() == [0, 1, 2] and sorted(cg.leaves[0].tolist()) == [4, 5]
+    assert block_edges(cg, 0) == sorted([(1, 0), (4, 0), (0, 1), (2, 1), (5, 1)])
+    for k in range(2):  # DGL's block convention: destinations are the first sources
+        assert cg.blocks[k].num_dst_nodes() == len(cg.dst[k])
+        assert cg.blocks[k].num_src_nodes() == len(cg.inner_src[k]) + len(cg.leaves[k])
+        assert torch.equal(cg.inner_src[k][:len(cg.dst[k])], cg.dst[k])
+        assert bool(lg.inner[cg.inner_src[k]].all()) and not bool(lg.inner[cg.leaves[k]].any())
+    assert torch.equal(cg.inner_src[1], cg.dst[0])
+
+
+def test_builder_fanout_samples_without_replacement():
+    lg = LocalGraph.from_partition(hand_partition())
+    real = set(zip(*[t.tolist() for t in hand_partition().edges()]))
+    seen = set()
+    for seed in range(30):
+        cg = lg.build(torch.tensor([3, 1]), [2, 2])
+        for k in range(2):
+            edges = block_edges(cg, k)
+            assert len(edges) == len(set(edges))  # no edge twice
+            assert set(edges) <= real
+            indeg = cg.blocks[k].in_degrees()
+            full = lg.indptr[cg.dst[k] + 1] - lg.indptr[cg.dst[k]]
+            assert torch.equal(indeg, torch.minimum(full, torch.tensor(2)))
+        seen |= set(block_edges(cg, 1))
+    assert seen == {e for e in real if e[1] in (3, 1)}  # every in-edge gets sampled sometime
+
+
+def test_builder_refuses_halo_roots():
+    lg = LocalGraph.from_partition(hand_partition())
+    with pytest.raises(ValueError, match="own"):
+        lg.build(torch.tensor([4]), [1])
+
+
+def random_partition(n=60, n_inner=35, avg_deg=4, seed=0):
+    """A whole graph and machine 0's DGL-style partition of it: own nodes 0..n_inner-1 with
+    all their in-edges, halo nodes = other in-neighbours of own nodes (local ids after them)."""
+    gen = torch.Generator().manual_seed(seed)
+    m = n * avg_deg
+    src, dst = torch.randint(n, (m,), generator=gen), torch.randint(n, (m,), generator=gen)
+    keep = src != dst
+    whole = dgl.to_simple(dgl.graph((src[keep], dst[keep]), num_nodes=n))
+    s, d = whole.edges()
+    own = d < n_inner
+    s, d = s[own], d[own]
+    halo = torch.unique(s[s >= n_inner])
+    nid = torch.cat([torch.arange(n_inner), halo])
+    local = torch.full((n,), -1, dtype=torch.int64)
+    local[nid] = torch.arange(len(nid))
+    part = dgl.graph((local[s], local[d]), num_nodes=len(nid))
+    part.ndata["inner_node"] = (torch.arange(len(nid)) < n_inner).int()
+    part.ndata[dgl.NID] = nid
+    return whole, part
+
+
+@pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
+@torch.no_grad()
+def test_owner_preparation_and_trainer_forward_are_exact_with_exact_histories(kind):
+    """With full fan-outs, 32-bit histories holding the exact layer outputs and exact owner
+    answers, LAMP's computation graphs give exactly the whole-graph model's outputs: the only
+    approximation LAMP makes is the histories' (and owners') staleness and quantization."""
+    torch.manual_seed(0)
+    whole, part = random_partition()
+    x = torch.randn(whole.num_nodes(), 5)
+    L = 3
+    model = GNN(kind, 5, 8, 4, L, dropout=0.5, heads=2).eval()
+    exact = [x]
+    for i in range(L):
+        exact.append(model.layer_forward(i, whole, exact[-1]))
+    lg = LocalGraph.from_partition(part)
+    nid = lg.nid
+    hist = History(lg.num_nodes, 8, L - 1, 32)
+    for layer in range(1, L):
+        hist.push(layer, torch.arange(lg.num_nodes), exact[layer][nid], version=0)
+    halo_x = torch.zeros(lg.num_nodes, 5)
+    halo_x[~lg.inner] = x[nid[~lg.inner]]
+    feat = x[nid[lg.inner]]  # the KVStore's own rows, by local id
+    roots = torch.tensor([0, 3, 7, 20])
+    h, ages, computed = service.prepare(lg, model, feat, halo_x, hist, roots, [-1] * (L - 1), 0)
+    assert torch.allclose(h, exact[L - 1][nid[roots]], atol=1e-5)
+    assert computed >= len(roots) and all(int(a.max()) == 0 for a in ages if len(a))
+    # the trainer: whole model over its graph, top leaves = (exact) owner answers
+    seeds = torch.tensor([1, 2, 30])
+    cg = lg.build(seeds, [-1] * L)
+    leaves = [halo_x[cg.leaves[0]]] + [exact[k][nid[cg.leaves[k]]] for k in range(1, L)]
+    out, hidden = LampNet(model)(cg.blocks, feat[cg.inner_src[0]], leaves)
+    assert torch.allclose(out, exact[L][nid[seeds]], atol=1e-5)
+    for k, hk in enumerate(hidden):  # what the trainer pushes to the histories
+        assert torch.allclose(hk, exact[k + 1][nid[cg.dst[k]]], atol=1e-5)
+
+
+def test_trainer_gradient_stops_at_leaves():
+    """grad=stop: owner answers and history rows are constants; the trainer's own sub-graph
+    carries the gradient into every layer."""
+    torch.manual_seed(0)
+    _, part = random_partition()
+    lg = LocalGraph.from_partition(part)
+    model = GNN("sage", 5, 8, 4, 3, dropout=0.0)
+    cg = lg.build(torch.tensor([1, 2]), [-1, -1, -1])
+    leaves = [torch.randn(len(cg.leaves[k]), 5 if k == 0 else 8, requires_grad=True) for k in range(3)]
+    x = torch.randn(len(cg.inner_src[0]), 5)
+    out, _ = LampNet(model)(cg.blocks, x, [t.detach() for t in leaves])
+    out.sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters() if p.dim() > 1)
+    assert all(t.grad is None for t in leaves)
+
+
+# --- the service's error answers -----------------------------------------------------------------
+class _BrokenState:
+    @property
+    def partition_book(self):
+        raise RuntimeError("partition book exploded")
+
+    graph = None
+    kv_store = None
+
+
+def test_an_exception_inside_the_service_is_answered_not_raised(monkeypatch):
+    monkeypatch.setattr(service, "STATE", service._ServerState())
+    # before any setup
+    r = service.LampRequest(torch.tensor([1, 2]), 0).process_request(_BrokenState())
+    assert isinstance(r, service.RowsResponse) and "not set up" in r.error
+    r = service.SetWeightsRequest(1, [], []).process_request(_BrokenState())
+    assert isinstance(r, service.AckResponse) and "not set up" in r.error
+    # set up by hand, then a request whose processing raises deeper down
+    service.STATE.meta, service.STATE.history, service.STATE.version = {"bits": 8}, History(4, 2, 1, 8), 3
+    r = service.LampRequest(torch.tensor([1, 2]), 0).process_request(_BrokenState())
+    assert "RuntimeError: partition book exploded" in r.error
+    r = service.HistoryPullRequest([1], [5], torch.tensor([0, 1]), False, -1).process_request(_BrokenState())
+    assert "counts add up to 5" in r.error
+    # an answer with no error round-trips through DGL's serialization
+    data, tensors = dgl.distributed.rpc.serialize_to_payload(service.RowsResponse(codes=torch.ones(2, 3)))
+    back = dgl.distributed.rpc.deserialize_from_payload(service.RowsResponse, data, tensors)
+    assert back.error == "" and torch.equal(back.codes, torch.ones(2, 3))
+
+
+def test_lamp_services_are_registered_explicitly():
+    from degnn.runtime import services
+
+    ids = {sid: req for sid, req, _ in services.all_services()}
+    assert {7710, 7711, 7712, 7713, 7714} <= set(ids)
+    assert ids[7714] is service.LampRequest
+    # the service module imports only dgl and torch (servers import it before initialize)
+    code = ("import sys; import degnn.pipelines.lamp.service as s; "
+            "bad = [m for m in ('omegaconf', 'hydra', 'degnn.pipelines.base', 'degnn.pipelines.lamp.pipeline') if m in sys.modules]; "
+            "print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+# --- on a real cluster -------------------------------------------------------------------------
+needs_netns = pytest.mark.skipif(not NETNS, reason="cluster=netns needs root and iproute2")
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory):
+    base = tmp_path_factory.mktemp("lamp")
+    return [f"dataset.root={base / 'data'}", f"partition.root={base / 'parts'}"]
+
+
+def launch(run_dir, *overrides, timeout=400):
+    p = subprocess.run([sys.executable, "-m", "degnn.launch", "cluster=netns", "cluster.machines=2",
+                        "cluster.subnet=10.77.71", "cluster.port=31770", "dataset=synthetic-tiny",
+                        *overrides, f"hydra.run.dir={run_dir}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return p
+
+
+@needs_netns
+def test_server_answers_lamp_requests_exactly_and_survives_bad_ones(roots, tmp_path):
+    """tests/lamp_probe.py on two machines: errors inside the servers come back as errors, and the
+    same servers then answer a good request with the exact hidden states (32 bits, full fan-outs,
+    exact histories)."""
+    p = launch(tmp_path, "cluster.entry=tests.lamp_probe", "model.layers=3", "model.fanouts=[5,5,5]", *roots)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    for rank in (0, 1):
+        r = json.loads((tmp_path / f"probe_rank{rank}.json").read_text())
+        other = 1 - rank
+        assert r["before_setup"] == (f"graph server {other} failed a LampRequest: LampRequest on server: "
+                                     "RuntimeError: LAMP is not set up on this server (no LampSetup request yet)")
+        assert "ValueError: LAMP roots must be nodes this machine owns" in r["not_owned"]
+        assert "counts add up to 7" in r["bad_pull"]
+        assert "unknown parameters ['no.such.param']" in r["bad_weights"]
+        assert r["good_error"] is None and r["answer_rows"] == 50
+        assert r["max_abs_diff"] < 1e-4 * max(1.0, r["scale"])
+        assert r["owner_nodes"] > 50  # layers 1..L-1 computed on the owner
+        assert r["ages"][2] == 1  # histories stamped 0, weights version 1
+
+
+@needs_netns
+def test_two_machine_lamp_run_trains_and_counts_its_bytes(roots, tmp_path):
+    p = launch(tmp_path, "pipeline=lamp", "model.layers=3", "model.fanouts=[10,10,5]", "train.batch_size=100",
+               "train.epochs=2", "pipeline.sync_every=3", *roots)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["pipeline"] == "lamp" and s["status"] == "ok" and s["bits"] == 8 and s["layers"] == 3
+    assert s["epochs"] == 2 and s["batches"] > 0 and 0.0 < s["test"] <= 1.0
+    cats = s["app_bytes_by_category"]
+    assert set(cats) >= {"lamp_request", "lamp_response", "history_sync", "allreduce"}
+    assert all(cats[k] > 0 for k in ("lamp_request", "lamp_response", "history_sync", "allreduce"))
+    # one LAMP round per batch; answers are ~ roots x (128 codes + 4 bytes) at 8 bits
+    assert 0.9 < s["rpc_round_trips_per_batch"] <= 1.0 and s["roots_per_batch"] > 0
+    per_root = cats["lamp_response"] / (s["roots_per_batch"] * s["batches"])
+    assert 132 <= per_root < 132 * 1.5
+    assert s["history_age_max"] >= 1 and 0 < s["history_age_mean"] <= s["history_age_max"]
+    assert s["local_bytes_by_category"]["weights"] > 0 and s["setup_bytes"] > 0
+    # what degnn counted is what the machines sent (netns veth counters)
+    assert abs(s["net_bytes_per_batch"] / s["app_bytes_per_batch"] - 1) < 0.05
+
+
+# --- bench=lamp and its report -------------------------------------------------------------------
+def test_bench_lamp_composes_and_pairs_every_lamp_suite_with_distdgl():
+    from hydra import compose, initialize_config_dir
+
+    from degnn.config import CONF_DIR, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose("bench", overrides=["bench=lamp"])
+    names = [s.name for s in cfg.bench.suites]
+    lamp = [n for n in names if n.endswith("-lamp")]
+    assert lamp and all(n[: -len("lamp")] + "distdgl" in names for n in lamp)
+    fanouts = {s.name: next(o for o in s.overrides if o.startswith("model.fanouts")) for s in cfg.bench.suites}
+    assert fanouts["bytes-L4-lamp"] == fanouts["bytes-L4-distdgl"] == "model.fanouts=[10,10,10,10]"
+    bits = next(s for s in cfg.bench.suites if s.name == "bytes-L3-lamp").overrides
+    assert "pipeline.bits=32,8,4,2" in bits and "train.epochs=1" in bits
+    # every job composes (a mistyped pipeline key fails here)
+    for s in cfg.bench.suites:
+        first = [o.split(",")[0] if o.startswith(("dataset=", "pipeline.bits=")) else o for o in s.overrides]
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            job = compose("config", overrides=first)
+        assert job.pipeline.name in ("lamp", "distdgl") and len(job.model.fanouts) == job.model.layers
+
+
+def test_unknown_lamp_key_fails_at_compose_time():
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    from degnn.config import CONF_DIR, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        assert compose("config", overrides=["pipeline=lamp", "pipeline.bits=4"]).pipeline.bits == 4
+        with pytest.raises(ConfigCompositionException):
+            compose("config", overrides=["pipeline=lamp", "pipeline.bitz=4"])
+        with pytest.raises(ConfigCompositionException):
+            compose("config", overrides=["pipeline=lamp", "pipeline.sync_every=often"])
+
+
+def test_report_puts_lamp_beside_distdgl_and_plots_bytes_against_layers(tmp_path):
+    from benchmarks.report import write_report
+
+    def run(name, **summary):
+        d = tmp_path / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"status": "ok", "model": "sage", "metric": "acc", "machines": 4,
+                                                   "dataset": "wordnet", "epochs": 1, "train_time_s": 2.0,
+                                                   "allreduce_bytes_per_batch": 100.0, "best_val": 0.5,
+                                                   **summary}))
+    for layers, d_net, l_net in ((2, 1100.0, 300.0), (3, 3100.0, 340.0), (4, 9100.0, 380.0)):
+        run(f"bytes-L{layers}-distdgl/0", pipeline="distdgl", layers=layers, test=0.50, net_bytes_per_batch=d_net,
+            epoch_times_s=[2.0])
+        run(f"bytes-L{layers}-lamp/0", pipeline="lamp", layers=layers, bits=8, test=0.495, net_bytes_per_batch=l_net,
+            epoch_times_s=[1.0], history_age_mean=3.5, history_age_max=12, roots_per_batch=700.0)
+    text = write_report(tmp_path).read_text()
+    assert "## LAMP against DistDGL" in text
+    assert ("| bytes-L3 | wordnet | 3 | 8 | 1 | 3.0 / 0.3 | **9.1x** | 2.9 / 0.2 | 2.00 / 1.00 | "
+            "0.5000 / 0.4950 | -0.50 | 3.5 / 12 | 700 |") in text
+    assert "| distdgl | wordnet | 2 -> 4 | 1.0 | 8.8 | 9.00x |" in text
+    assert "| lamp | wordnet | 2 -> 4 | 0.2 | 0.3 | 1.40x |" in text
+    assert (tmp_path / "lamp_bytes_vs_layers.png").stat().st_size > 1000
