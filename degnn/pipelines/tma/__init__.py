@@ -299,6 +299,9 @@ class TMAPipeline(Pipeline):
         state["train_time_s"] += round_s + corr_s
         state["epoch_times"].append(round_s + corr_s)
         val, test = whole.evaluate(self.model, self.evaluate_fn)
+        # still this round's evaluator? (a slow one may have been replaced: it writes nothing)
+        self.last_beat = 0.0
+        self._beat()
         self.keep_best(state, val, test, r)
         state["epoch"] = r
         state["trainers_alive"] = len(meta["contributors"])
