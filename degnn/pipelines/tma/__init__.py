@@ -49,6 +49,7 @@ from degnn.config import CONF_DIR
 from degnn.metrics import append_curve
 from degnn.models import build_model
 from degnn.pipelines.base import CHECKPOINT, Pipeline, rng_state, set_rng_state
+from degnn.runtime.checkpoint import config_identity
 from degnn.pipelines.evaluation import dataset_evaluator
 from degnn.runtime.compat import NeighborSampler
 
@@ -322,7 +323,11 @@ class TMAPipeline(Pipeline):
         for line in meta.get("log", [])[len(state.get("coordinator_log", [])):]:
             self.log.warning("coordinator: %s", line)
         state["coordinator_log"] = list(meta.get("log", []))
-        self._checkpoint(ctx.run_dir / CHECKPOINT, {"model": self.model.state_dict(), "state": dict(state)})
+        # the shared checkpoint has the layout resume= checks (degnn/runtime/checkpoint.py); the
+        # optimizer and RNG states are each trainer's own (tma_rank<r>.pt)
+        self._checkpoint(ctx.run_dir / CHECKPOINT, {"model": self.model.state_dict(), "optimizer": {},
+                                                    "state": dict(state), "rng": None,
+                                                    "config": config_identity(self.cfg)})
         if r == self.rounds_total:
             self.final_summary(state, meta)
         self._beat_off()
@@ -437,7 +442,7 @@ class TMAPipeline(Pipeline):
         done = int(state["epoch"])
         own = Path(self.cfg.resume) / rank_file(self.ctx.rank)
         if own.is_file():
-            mine = torch.load(own, map_location="cpu", weights_only=False)
+            mine = torch.load(own, map_location="cpu", weights_only=True)  # tensors and numbers only
             if mine["round"] == done:
                 self.model.load_state_dict(mine["model"])
                 self.optimizer.load_state_dict(mine["optimizer"])
