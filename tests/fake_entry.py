@@ -110,7 +110,8 @@ def ask(ip: str, port: int, msg: bytes, tries: int = 100) -> bytes:
 
 
 def trainer_checks(rank: int, machine: int, run_dir: str) -> dict:
-    res = {"rank": rank, "machine": machine, "pid": os.getpid(), "hostname": socket.gethostname()}
+    res = {"rank": rank, "machine": machine, "pid": os.getpid(), "hostname": socket.gethostname(),
+           "python": sys.executable}
     try:
         res["resolved"] = socket.gethostbyname(res["hostname"])
     except OSError:

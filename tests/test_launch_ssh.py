@@ -2,7 +2,8 @@
 
 Needs root and openssh-server (`apt-get install openssh-server`); skipped otherwise. The client
 authenticates through an ssh-agent started here, so nothing in ~/.ssh is touched. Remote commands
-run `python3` from sshd's default PATH (no venv), which is enough for the fake entry (stdlib only).
+run the launcher's own interpreter (the venv). The last test puts an sshd in each of two network
+namespaces, so the two machines are not this host's loopback.
 """
 from __future__ import annotations
 
@@ -118,4 +119,61 @@ def test_ssh_fault_kills_remote_processes(sshd, part2, tmp_path):
     deadline = time.monotonic() + 5
     while fake_entry.processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
         time.sleep(0.2)
+    assert not fake_entry.processes_mentioning(str(run_dir))
+
+
+def test_ssh_cluster_on_two_network_namespaces(sshd, part2, tmp_path):
+    """Two machines that are not this host's loopback: an sshd in each of two network namespaces
+    (degnn/launch/netns.py), the launcher reaching them over a bridge. Every process runs
+    the launcher's interpreter, passes the ssh preflight, and serves/trains on its own machine."""
+    from degnn.launch import NetnsCluster
+    if os.geteuid() != 0 or not shutil.which("nsenter"):
+        pytest.skip("needs root and nsenter (network namespaces)")
+    d = sshd["dir"]
+    port = _free_port()
+    subnet = "10.78.9"
+    run_dir = tmp_path / "run"
+    with NetnsCluster(2, subnet=subnet) as net:
+        # the launcher's side of the bridge gets an address, like an admin host on the cluster LAN
+        subprocess.run(["ip", "addr", "add", f"{subnet}.254/24", "dev", net.bridge], check=True)
+        daemons = []
+        try:
+            for m, ip in enumerate(net.ips):
+                cfg = d / f"sshd_m{m}"
+                cfg.write_text((d / "sshd_config").read_text()
+                               .replace("ListenAddress 127.0.0.1\nListenAddress 127.0.0.2\n",
+                                        f"ListenAddress {ip}\n")
+                               .replace(f"PidFile {d / 'sshd.pid'}", f"PidFile {d / f'sshd_m{m}.pid'}")
+                               .replace("Port ", "#Port ") + f"Port {port}\n")
+                daemons.append(subprocess.Popen([*net.prefix(m, str(REPO)), SSHD, "-D", "-e", "-f", str(cfg)],
+                                                stderr=open(d / f"sshd_m{m}.log", "w")))
+            for ip in net.ips:
+                for _ in range(100):
+                    r = subprocess.run(["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes",
+                                        "-o", "UserKnownHostsFile=/dev/null", "-p", str(port), ip, "true"],
+                                       env=sshd["env"], capture_output=True)
+                    if r.returncode == 0:
+                        break
+                    time.sleep(0.2)
+                else:
+                    pytest.fail(f"sshd on {ip} did not come up: {r.stderr[-500:]}")
+            ipc = tmp_path / "machines.txt"
+            ipc.write_text("".join(f"{ip} {_free_port()}\n" for ip in net.ips))
+            r = subprocess.run([PY, "-c", fake_entry.RUNNER, str(run_dir), part2, "cluster=ssh",
+                                f"cluster.ip_config={ipc}", f"cluster.ssh_port={port}",
+                                f"cluster.workspace={REPO}", "cluster.trainers_per_machine=2"],
+                               cwd=REPO, env={**sshd["env"], "DEGNN_FAKE_GLOO": "1"},
+                               capture_output=True, text=True, timeout=budget(180))
+            assert r.returncode == 0, r.stderr[-3000:]
+            ports = [int(l.split()[1]) for l in ipc.read_text().splitlines()]
+            for rank in range(4):
+                res = json.loads((run_dir / f"fake_rank{rank}.json").read_text())
+                assert res["reached"] == {f"{net.ips[0]}:{ports[0]}": 0, f"{net.ips[1]}:{ports[1]}": 1}
+                assert res["allreduce"] == 4.0  # gloo across the two machines
+                assert res["hostname"] == f"degnn-m{rank // 2}"  # each process on its own machine
+                assert res["python"] == PY  # the launcher's interpreter, not `python3` on the PATH
+        finally:
+            for p in daemons:
+                p.terminate()
+                p.wait()
     assert not fake_entry.processes_mentioning(str(run_dir))
