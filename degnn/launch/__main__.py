@@ -10,6 +10,7 @@ Test-only hook: DEGNN_ENTRY=<module> replaces the per-process entry `degnn.train
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import hydra
@@ -71,12 +72,26 @@ def main(cfg: DictConfig) -> None:
         from partitioners import ensure_partitions
     except ImportError as e:
         _fail(f"partitioners.ensure_partitions is not available ({_one_line(e)})")
+    # Ctrl-C during the build: remembered here as well, because a library that catches every
+    # exception (ogb, DGL) may swallow the KeyboardInterrupt and carry on
+    interrupted = []
+
+    def on_interrupt(signum, frame):
+        interrupted.append(signum)
+        raise KeyboardInterrupt
+
+    old_int = signal.signal(signal.SIGINT, on_interrupt)
     try:
         part_config = ensure_partitions(cfg.dataset, cfg.partition)
     except KeyboardInterrupt:
-        _fail("interrupted while preparing the dataset and partitions; nothing was started", 130)
+        interrupted.append(signal.SIGINT)
     except Exception as e:  # the partitioner's own message (dataset missing, bad method, ...)
-        _fail(_one_line(e))
+        if not interrupted:
+            _fail(_one_line(e))
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+    if interrupted:
+        _fail("interrupted while preparing the dataset and partitions; nothing was started", 130)
     _print_partition_report(part_config)
     try:
         rc = launch(cfg, run_dir, str(part_config), task,
