@@ -403,3 +403,22 @@ def test_report_puts_lamp_beside_distdgl_and_plots_bytes_against_layers(tmp_path
     assert "| distdgl | wordnet | 2 -> 4 | 1.0 | 8.8 | 9.00x |" in text
     assert "| lamp | wordnet | 2 -> 4 | 0.2 | 0.3 | 1.40x |" in text
     assert (tmp_path / "lamp_bytes_vs_layers.png").stat().st_size > 1000
+
+
+def test_history_pull_for_the_halo_sync_sends_only_rows_written_since(monkeypatch):
+    monkeypatch.setattr(service, "STATE", service._ServerState())
+    h = History(6, 4, 2, 8)
+    service.STATE.meta, service.STATE.history = {"bits": 8}, h
+    for layer in (1, 2):
+        h.push(layer, torch.arange(6), torch.randn(6, 4), version=0)
+    h.push(1, torch.tensor([2, 5]), torch.randn(2, 4), version=7)
+    h.push(2, torch.tensor([1]), torch.randn(1, 4), version=9)
+    ids = torch.tensor([5, 1, 2])
+    r = service.HistoryPullRequest([1, 2], [], ids, False, since=3).process_request(None)
+    assert r.error == ""
+    # layer 1 rows of ids 5 and 2 (positions 0, 2), layer 2 row of id 1 (position 3 + 1)
+    assert r.sel.tolist() == [0, 2, 4] and r.stamp.tolist() == [7, 7, 9]
+    q, _ = h.pull_codes(1, torch.tensor([5, 2]))
+    assert torch.equal(r.codes[:2], q.codes) and torch.equal(r.scale[:2], q.scale)
+    everything = service.HistoryPullRequest([1, 2], [], ids, False, since=-1).process_request(None)
+    assert len(everything.sel) == 0 and everything.codes.shape[0] == 6

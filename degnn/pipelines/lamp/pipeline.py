@@ -164,13 +164,14 @@ class LAMPPipeline(Pipeline):
 
     def _sync_histories(self) -> None:
         """Pull the rows of this machine's halo nodes that their owners wrote since the last
-        sync (with a margin of 2 steps: trainers can be a step apart) and store them locally."""
-        since = max(self.last_sync - 2, 0)
+        sync and store them locally. The margin: trainers can be a step apart, and an owner's
+        server stamps what it computes with the version of its weights, up to weight_sync_every
+        steps old."""
+        since = max(self.last_sync - 2 - int(self.cfg.pipeline.weight_sync_every), 0)
         layers = list(range(1, self.L))
         pairs, order = [], []
         for m, (_, gids) in self.halo_by_owner.items():
-            pairs.append((servers_of(m)[0], HistoryPullRequest(layers, [len(gids)] * len(layers),
-                                                               gids.repeat(len(layers)), True, since)))
+            pairs.append((servers_of(m)[0], HistoryPullRequest(layers, [], gids, True, since)))
             order.append(m)
         res = call(pairs)
         pushes = []

@@ -212,7 +212,8 @@ class HistoryPushRequest(_Guarded):
 
 
 class HistoryPullRequest(_Guarded):
-    """Rows of history layers `layers[i]` for `ids[counts[:i].sum():counts[:i+1].sum()]`.
+    """Rows of history layers `layers[i]` for `ids[counts[:i].sum():counts[:i+1].sum()]` (for
+    all of `ids` in every layer when `counts` is empty; the answer then lists layer after layer).
 
     `global_ids`: ids are global ids of nodes this machine owns (another machine's halo sync);
     else local ids of this machine's partition. `since` >= 0: only rows stamped after it."""
@@ -239,8 +240,9 @@ class HistoryPullRequest(_Guarded):
                 raise ValueError("HistoryPull by global id for nodes this machine does not own")
             ids = pb.nid2localnid(ids, pb.partid).long()
         parts, stamps, sels, start = [], [], [], 0
-        for layer, n in zip(self.layers, self.counts):
-            chunk = ids[start:start + n]
+        shared = len(self.counts) == 0  # the same ids for every layer (the halo sync)
+        for layer, n in zip(self.layers, [len(ids)] * len(self.layers) if shared else self.counts):
+            chunk = ids if shared else ids[start:start + n]
             q, stamp = STATE.history.pull_codes(layer, chunk)
             if self.since >= 0:
                 keep = torch.nonzero(stamp > self.since).flatten()
@@ -249,7 +251,7 @@ class HistoryPullRequest(_Guarded):
             parts.append(q)
             stamps.append(stamp)
             start += n
-        if start != len(ids):
+        if not shared and start != len(ids):
             raise ValueError(f"HistoryPull: counts add up to {start}, got {len(ids)} ids")
         cat = [torch.cat([p[i] for p in parts]) if parts else torch.empty(0) for i in range(3)]
         sel = torch.cat(sels) if sels else None
