@@ -19,9 +19,11 @@ One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
    constants (`pipeline.grad=stop`, GAS semantics): the gradient flows through the trainer's
    own sub-graph only, and DDP all-reduces it as in distdgl.
 4. Fresh h^(1..L-1) of the batch's own nodes are pushed to the machine's histories (owners
-   write theirs back too). Every `weight_sync_every` steps the trainer ships the layers below
-   the top to its own machine's graph server(s): every machine has a trainer holding the same
-   DDP weights, so owners never need weights from another machine (loopback, no wire). Every
+   write theirs back too), only for *boundary* nodes (own nodes other machines hold as halo
+   nodes: the only own rows anyone reads, through the halo sync). Every `weight_sync_every`
+   steps the trainer ships the layers below the top to its own machine's graph server(s):
+   every machine has a trainer holding the same DDP weights, so owners never need weights
+   from another machine (loopback, no wire). Every
    `sync_every` steps each machine pulls, from each owner, the history rows of its halo nodes
    written since the last sync (quantized as stored, with their stamps).
 

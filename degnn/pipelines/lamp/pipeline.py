@@ -102,6 +102,15 @@ class LAMPPipeline(Pipeline):
         self.halo_x[halo] = g.ndata["feat"][halo_gid].float()  # one-time replica (setup bytes)
         owner = self.pb.nid2partid(halo_gid)
         self.halo_by_owner = {int(m): (halo[owner == m], halo_gid[owner == m]) for m in torch.unique(owner)}
+        # own nodes that other machines hold as halo nodes: the only own history rows anyone reads
+        # (other machines, through the halo sync); pushes and write-backs are limited to them
+        lists = [None] * ctx.world_size
+        dist.all_gather_object(lists, {m: gids for m, (_, gids) in self.halo_by_owner.items()}
+                               if ctx.local_rank == 0 else {})
+        wanted = [d[self.me] for d in lists if self.me in d]
+        wanted = torch.unique(torch.cat(wanted)) if wanted else torch.empty(0, dtype=torch.int64)
+        self.boundary = torch.zeros(self.lg.num_nodes, dtype=torch.bool)
+        self.boundary[self.pb.nid2localnid(wanted, self.me).long()] = True
         self.local_servers = servers_of(self.me)
         self.leader = ctx.local_rank == 0  # talks to this machine's servers for state they share
         self.local_bytes: Dict[str, int] = {}
@@ -116,7 +125,8 @@ class LAMPPipeline(Pipeline):
             meta = dict(kind=cfg.model.name, in_dim=in_dim, hidden=cfg.model.hidden, out_dim=self.num_classes,
                         layers=self.L, dropout=float(cfg.model.dropout), heads=cfg.model.heads,
                         fanouts=self.fanouts, bits=self.bits, seed=int(cfg.train.seed) + self.me)
-            self._local_call("setup", [LampSetupRequest(meta, halo, self.halo_x[halo])])
+            self._local_call("setup", [LampSetupRequest(meta, halo, self.halo_x[halo],
+                                                            torch.nonzero(self.boundary).flatten())])
         dist.barrier()
         self._init_histories()
         self._ship_weights()
@@ -264,7 +274,11 @@ class LAMPPipeline(Pipeline):
             loss.backward()  # DDP all-reduces the gradients of the trainer's own sub-graph
             counter.add("allreduce", ring_allreduce_bytes(self.param_bytes, world))
             self.optimizer.step()
-            pushes = [self._push(k + 1, cg.dst[k], h, self.step) for k, h in enumerate(hidden)]
+            pushes = []
+            for k, h in enumerate(hidden):  # fresh rows of the batch's boundary nodes
+                keep = self.boundary[cg.dst[k]]
+                if bool(keep.any()):
+                    pushes.append(self._push(k + 1, cg.dst[k][keep], h[keep], self.step))
             self.step += 1
             if self.step % cfg.pipeline.weight_sync_every == 0 and self.leader:
                 state = {k: v.detach() for k, v in self.model.state_dict().items()
