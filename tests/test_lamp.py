@@ -327,19 +327,19 @@ def test_two_machine_lamp_run_trains_and_counts_its_bytes(roots, tmp_path):
                "train.epochs=2", "pipeline.sync_every=3", *roots)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["pipeline"] == "lamp" and s["status"] == "ok" and s["bits"] == 8 and s["layers"] == 3
-    assert s["epochs"] == 2 and s["batches"] > 0 and 0.0 < s["test"] <= 1.0
+    assert s["pipeline"] == "lamp" and s["status"] == "ok" and s["bits"] == 8 and s["layers"] == 3, s
+    assert s["epochs"] == 2 and s["batches"] > 0 and 0.0 < s["test"] <= 1.0, s
     cats = s["app_bytes_by_category"]
     assert set(cats) >= {"lamp_request", "lamp_response", "history_sync", "allreduce"}
     assert all(cats[k] > 0 for k in ("lamp_request", "lamp_response", "history_sync", "allreduce"))
     # one LAMP round per batch; answers are ~ roots x (128 codes + 4 bytes) at 8 bits
-    assert 0.9 < s["rpc_round_trips_per_batch"] <= 1.0 and s["roots_per_batch"] > 0
+    assert 0.9 < s["rpc_round_trips_per_batch"] <= 1.0 and s["roots_per_batch"] > 0, s
     per_root = cats["lamp_response"] / (s["roots_per_batch"] * s["batches"])
-    assert 132 <= per_root < 132 * 1.5
-    assert s["history_age_max"] >= 1 and 0 < s["history_age_mean"] <= s["history_age_max"]
-    assert s["local_bytes_by_category"]["weights"] > 0 and s["setup_bytes"] > 0
+    assert 132 <= per_root < 132 * 1.5, s
+    assert s["history_age_max"] >= 1 and 0 < s["history_age_mean"] <= s["history_age_max"], s
+    assert s["local_bytes_by_category"]["weights"] > 0 and s["setup_bytes"] > 0, s
     # what degnn counted is what the machines sent (netns veth counters)
-    assert abs(s["net_bytes_per_batch"] / s["app_bytes_per_batch"] - 1) < 0.05
+    assert abs(s["net_bytes_per_batch"] / s["app_bytes_per_batch"] - 1) < 0.05, s
 
 
 # --- bench=lamp and its report -------------------------------------------------------------------
