@@ -31,6 +31,9 @@ Histories are initialised with one layer-wise inference pass (the evaluator's wh
 computes every layer's output for every node). Evaluation is the evaluator's, as for distdgl.
 
 Choices where the paper is silent (reference/degnn.md §6), and why:
+* Histories keep h^(1..L-2) only (GAS keeps L-1 tables): a remote node's h^(L-1) is always
+  prepared fresh by its owner, so that table would never be read; a 2-layer model has no
+  history at all (nothing to push or synchronise).
 * Owners answer per-root h^(L-1) (not per-seed partial sums): works for every aggregator
   (GAT too) and the bytes are |roots| x (d_h b/8 + 4), independent of L and lower fan-outs.
 * Gradient: stop (GAS). Push-pull (P3-style) gradients, request fusion and the asynchronous

@@ -158,7 +158,7 @@ class LAMPPipeline(Pipeline):
             return
         reqs = []
         halo = ~self.lg.inner
-        for layer in range(1, self.L):
+        for layer in range(1, self.L - 1):
             rows = self.evaluator.outputs[layer - 1][self.lg.nid]
             self.setup_bytes += int(halo.sum()) * (8 + rows.shape[1] * 4)
             reqs.append(self._push(layer, torch.arange(self.lg.num_nodes), rows, 0))
@@ -178,12 +178,15 @@ class LAMPPipeline(Pipeline):
         server stamps what it computes with the version of its weights, up to weight_sync_every
         steps old."""
         since = max(self.last_sync - 2 - int(self.cfg.pipeline.weight_sync_every), 0)
-        layers = list(range(1, self.L))
+        layers = list(range(1, self.L - 1))
+        if not layers:  # two layers: no history is ever read
+            return
         pairs, order = [], []
         for m, (_, gids) in self.halo_by_owner.items():
             pairs.append((servers_of(m)[0], HistoryPullRequest(layers, [], gids, True, since)))
             order.append(m)
         res = call(pairs)
+        self.stats["rounds"] += 1 if pairs else 0
         pushes = []
         for (_, req), r, m in zip(pairs, res, order):
             self.ctx.counter.add("history_sync", payload_bytes(req) + payload_bytes(r))
@@ -275,7 +278,7 @@ class LAMPPipeline(Pipeline):
             counter.add("allreduce", ring_allreduce_bytes(self.param_bytes, world))
             self.optimizer.step()
             pushes = []
-            for k, h in enumerate(hidden):  # fresh rows of the batch's boundary nodes
+            for k, h in enumerate(hidden[:self.L - 2]):  # fresh h^(1..L-2) of the batch's boundary nodes
                 keep = self.boundary[cg.dst[k]]
                 if bool(keep.any()):
                     pushes.append(self._push(k + 1, cg.dst[k][keep], h[keep], self.step))
@@ -324,6 +327,7 @@ class LAMPPipeline(Pipeline):
                 "history_age_max": max(r["ages"][2] for r in ranks),
                 "history_rows_used_per_batch": age_cnt / batches,
                 "roots_per_batch": stat["roots"] / batches,
+                # rounds of requests that cross machines: the LAMP round, plus the halo syncs
                 "rpc_round_trips_per_batch": stat["rounds"] / batches,
                 "owner_nodes_computed_per_batch": stat["owner_nodes"] / batches,
                 "trainer_cg_nodes_per_batch": stat["cg_nodes"] / batches,

@@ -163,7 +163,9 @@ class LampSetupRequest(_Guarded):
         STATE.meta = dict(m)
         STATE.model = GNN(m["kind"], m["in_dim"], m["hidden"], m["out_dim"], m["layers"], m["dropout"],
                           m["heads"]).eval()
-        STATE.history = History(lg.num_nodes, m["hidden"], m["layers"] - 1, m["bits"])
+        # h^(1..L-2): the layers read as leaves (the top hidden layer, h^(L-1), is always prepared
+        # fresh by the owners, so its history would never be read)
+        STATE.history = History(lg.num_nodes, m["hidden"], m["layers"] - 2, m["bits"])
         STATE.halo_x = torch.zeros(lg.num_nodes, feat.shape[1])
         STATE.halo_x[self.halo_ids] = self.halo_x.float()
         STATE.boundary = torch.zeros(lg.num_nodes, dtype=torch.bool)
@@ -312,6 +314,8 @@ def prepare(lg, model, feat, halo_x, history, roots_local, fanouts, version: int
             ages.append(age)
             h = torch.cat([h, rows])
         h = model.layer_forward(k, block, h)
+        if k + 1 > history.layers:
+            continue
         keep = torch.ones(len(h), dtype=torch.bool) if write_back is None else write_back[cg.dst[k]]
         if bool(keep.any()):
             history.push(k + 1, cg.dst[k][keep], h[keep], version)
