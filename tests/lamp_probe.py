@@ -70,8 +70,8 @@ def trainer(argv) -> int:
     halo = torch.nonzero(~lg.inner).flatten()
     m = dict(kind=cfg.model.name, in_dim=g.ndata["feat"].shape[1], hidden=hidden, out_dim=5, layers=L,
              dropout=0.5, heads=cfg.model.heads, fanouts=[-1] * L, bits=32, seed=0)
-    reqs = [S.LampSetupRequest(m, halo, g.ndata["feat"][lg.nid[halo]])]
-    for layer in range(1, L):
+    reqs = [S.LampSetupRequest(m, halo, g.ndata["feat"][lg.nid[halo]], torch.nonzero(lg.inner).flatten())]
+    for layer in range(1, L - 1):  # the histories the owners read: h^(1..L-2)
         q = quantize(ev.outputs[layer - 1][lg.nid], 32)
         reqs.append(S.HistoryPushRequest(layer, torch.arange(lg.num_nodes), q.codes, q.scale, q.offset,
                                          torch.zeros(lg.num_nodes, dtype=torch.int64)))

@@ -19,9 +19,11 @@ One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
    constants (`pipeline.grad=stop`, GAS semantics): the gradient flows through the trainer's
    own sub-graph only, and DDP all-reduces it as in distdgl.
 4. Fresh h^(1..L-1) of the batch's own nodes are pushed to the machine's histories (owners
-   write theirs back too). Every `weight_sync_every` steps the trainer ships the layers below
-   the top to its own machine's graph server(s): every machine has a trainer holding the same
-   DDP weights, so owners never need weights from another machine (loopback, no wire). Every
+   write theirs back too), only for *boundary* nodes (own nodes other machines hold as halo
+   nodes: the only own rows anyone reads, through the halo sync). Every `weight_sync_every`
+   steps the trainer ships the layers below the top to its own machine's graph server(s):
+   every machine has a trainer holding the same DDP weights, so owners never need weights
+   from another machine (loopback, no wire). Every
    `sync_every` steps each machine pulls, from each owner, the history rows of its halo nodes
    written since the last sync (quantized as stored, with their stamps).
 
@@ -29,6 +31,9 @@ Histories are initialised with one layer-wise inference pass (the evaluator's wh
 computes every layer's output for every node). Evaluation is the evaluator's, as for distdgl.
 
 Choices where the paper is silent (reference/degnn.md §6), and why:
+* Histories keep h^(1..L-2) only (GAS keeps L-1 tables): a remote node's h^(L-1) is always
+  prepared fresh by its owner, so that table would never be read; a 2-layer model has no
+  history at all (nothing to push or synchronise).
 * Owners answer per-root h^(L-1) (not per-seed partial sums): works for every aggregator
   (GAT too) and the bytes are |roots| x (d_h b/8 + 4), independent of L and lower fan-outs.
 * Gradient: stop (GAS). Push-pull (P3-style) gradients, request fusion and the asynchronous

@@ -1,5 +1,7 @@
-"""Quantized historical embeddings: one table per hidden layer, h^(1) .. h^(L-1) (GAS's
-convention), over one machine's local nodes (its own nodes and its halo nodes).
+"""Quantized historical embeddings: one table per hidden layer read as a leaf, over one machine's
+local nodes (its own nodes and its halo nodes). GAS keeps h^(1) .. h^(L-1); here h^(L-1) of a
+remote node is always prepared fresh by its owner (that is LAMP's answer), so only h^(1) .. h^(L-2)
+are ever read, and only those are kept, pushed and synchronised (none for a 2-layer model).
 
 Like pyg_autoscale's ``History``: ``push`` writes rows (quantized with stochastic rounding, stamped
 with the model version that computed them), ``pull`` reads them back as float32 with their age

@@ -102,6 +102,15 @@ class LAMPPipeline(Pipeline):
         self.halo_x[halo] = g.ndata["feat"][halo_gid].float()  # one-time replica (setup bytes)
         owner = self.pb.nid2partid(halo_gid)
         self.halo_by_owner = {int(m): (halo[owner == m], halo_gid[owner == m]) for m in torch.unique(owner)}
+        # own nodes that other machines hold as halo nodes: the only own history rows anyone reads
+        # (other machines, through the halo sync); pushes and write-backs are limited to them
+        lists = [None] * ctx.world_size
+        dist.all_gather_object(lists, {m: gids for m, (_, gids) in self.halo_by_owner.items()}
+                               if ctx.local_rank == 0 else {})
+        wanted = [d[self.me] for d in lists if self.me in d]
+        wanted = torch.unique(torch.cat(wanted)) if wanted else torch.empty(0, dtype=torch.int64)
+        self.boundary = torch.zeros(self.lg.num_nodes, dtype=torch.bool)
+        self.boundary[self.pb.nid2localnid(wanted, self.me).long()] = True
         self.local_servers = servers_of(self.me)
         self.leader = ctx.local_rank == 0  # talks to this machine's servers for state they share
         self.local_bytes: Dict[str, int] = {}
@@ -116,7 +125,8 @@ class LAMPPipeline(Pipeline):
             meta = dict(kind=cfg.model.name, in_dim=in_dim, hidden=cfg.model.hidden, out_dim=self.num_classes,
                         layers=self.L, dropout=float(cfg.model.dropout), heads=cfg.model.heads,
                         fanouts=self.fanouts, bits=self.bits, seed=int(cfg.train.seed) + self.me)
-            self._local_call("setup", [LampSetupRequest(meta, halo, self.halo_x[halo])])
+            self._local_call("setup", [LampSetupRequest(meta, halo, self.halo_x[halo],
+                                                            torch.nonzero(self.boundary).flatten())])
         dist.barrier()
         self._init_histories()
         self._ship_weights()
@@ -148,7 +158,7 @@ class LAMPPipeline(Pipeline):
             return
         reqs = []
         halo = ~self.lg.inner
-        for layer in range(1, self.L):
+        for layer in range(1, self.L - 1):
             rows = self.evaluator.outputs[layer - 1][self.lg.nid]
             self.setup_bytes += int(halo.sum()) * (8 + rows.shape[1] * 4)
             reqs.append(self._push(layer, torch.arange(self.lg.num_nodes), rows, 0))
@@ -164,15 +174,19 @@ class LAMPPipeline(Pipeline):
 
     def _sync_histories(self) -> None:
         """Pull the rows of this machine's halo nodes that their owners wrote since the last
-        sync (with a margin of 2 steps: trainers can be a step apart) and store them locally."""
-        since = max(self.last_sync - 2, 0)
-        layers = list(range(1, self.L))
+        sync and store them locally. The margin: trainers can be a step apart, and an owner's
+        server stamps what it computes with the version of its weights, up to weight_sync_every
+        steps old."""
+        since = max(self.last_sync - 2 - int(self.cfg.pipeline.weight_sync_every), 0)
+        layers = list(range(1, self.L - 1))
+        if not layers:  # two layers: no history is ever read
+            return
         pairs, order = [], []
         for m, (_, gids) in self.halo_by_owner.items():
-            pairs.append((servers_of(m)[0], HistoryPullRequest(layers, [len(gids)] * len(layers),
-                                                               gids.repeat(len(layers)), True, since)))
+            pairs.append((servers_of(m)[0], HistoryPullRequest(layers, [], gids, True, since)))
             order.append(m)
         res = call(pairs)
+        self.stats["rounds"] += 1 if pairs else 0
         pushes = []
         for (_, req), r, m in zip(pairs, res, order):
             self.ctx.counter.add("history_sync", payload_bytes(req) + payload_bytes(r))
@@ -263,7 +277,11 @@ class LAMPPipeline(Pipeline):
             loss.backward()  # DDP all-reduces the gradients of the trainer's own sub-graph
             counter.add("allreduce", ring_allreduce_bytes(self.param_bytes, world))
             self.optimizer.step()
-            pushes = [self._push(k + 1, cg.dst[k], h, self.step) for k, h in enumerate(hidden)]
+            pushes = []
+            for k, h in enumerate(hidden[:self.L - 2]):  # fresh h^(1..L-2) of the batch's boundary nodes
+                keep = self.boundary[cg.dst[k]]
+                if bool(keep.any()):
+                    pushes.append(self._push(k + 1, cg.dst[k][keep], h[keep], self.step))
             self.step += 1
             if self.step % cfg.pipeline.weight_sync_every == 0 and self.leader:
                 state = {k: v.detach() for k, v in self.model.state_dict().items()
@@ -309,6 +327,7 @@ class LAMPPipeline(Pipeline):
                 "history_age_max": max(r["ages"][2] for r in ranks),
                 "history_rows_used_per_batch": age_cnt / batches,
                 "roots_per_batch": stat["roots"] / batches,
+                # rounds of requests that cross machines: the LAMP round, plus the halo syncs
                 "rpc_round_trips_per_batch": stat["rounds"] / batches,
                 "owner_nodes_computed_per_batch": stat["owner_nodes"] / batches,
                 "trainer_cg_nodes_per_batch": stat["cg_nodes"] / batches,

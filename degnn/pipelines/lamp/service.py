@@ -50,6 +50,7 @@ class _ServerState:
         self.history = None
         self.halo_x = None
         self.feat = None
+        self.boundary = None
         self.gen = torch.Generator().manual_seed(0)
 
 
@@ -138,16 +139,17 @@ class _Guarded(rpc.Request):
 
 class LampSetupRequest(_Guarded):
     """meta: dict(kind, in_dim, hidden, out_dim, layers, dropout, heads, fanouts, bits, seed);
-    halo_ids: local ids of halo nodes, halo_x: their input features."""
+    halo_ids: local ids of halo nodes, halo_x: their input features; boundary: local ids of own
+    nodes that are halo nodes of other machines (the only own rows anyone reads from here)."""
 
-    def __init__(self, meta: dict, halo_ids: torch.Tensor, halo_x: torch.Tensor):
-        self.meta, self.halo_ids, self.halo_x = meta, halo_ids, halo_x
+    def __init__(self, meta: dict, halo_ids: torch.Tensor, halo_x: torch.Tensor, boundary: torch.Tensor):
+        self.meta, self.halo_ids, self.halo_x, self.boundary = meta, halo_ids, halo_x, boundary
 
     def __getstate__(self):
-        return self.meta, self.halo_ids, self.halo_x
+        return self.meta, self.halo_ids, self.halo_x, self.boundary
 
     def __setstate__(self, state):
-        self.meta, self.halo_ids, self.halo_x = state
+        self.meta, self.halo_ids, self.halo_x, self.boundary = state
 
     def process(self, server_state):
         from degnn.models import GNN
@@ -161,9 +163,13 @@ class LampSetupRequest(_Guarded):
         STATE.meta = dict(m)
         STATE.model = GNN(m["kind"], m["in_dim"], m["hidden"], m["out_dim"], m["layers"], m["dropout"],
                           m["heads"]).eval()
-        STATE.history = History(lg.num_nodes, m["hidden"], m["layers"] - 1, m["bits"])
+        # h^(1..L-2): the layers read as leaves (the top hidden layer, h^(L-1), is always prepared
+        # fresh by the owners, so its history would never be read)
+        STATE.history = History(lg.num_nodes, m["hidden"], m["layers"] - 2, m["bits"])
         STATE.halo_x = torch.zeros(lg.num_nodes, feat.shape[1])
         STATE.halo_x[self.halo_ids] = self.halo_x.float()
+        STATE.boundary = torch.zeros(lg.num_nodes, dtype=torch.bool)
+        STATE.boundary[self.boundary.long()] = True
         STATE.gen.manual_seed(int(m.get("seed", 0)))
         return AckResponse()
 
@@ -212,7 +218,8 @@ class HistoryPushRequest(_Guarded):
 
 
 class HistoryPullRequest(_Guarded):
-    """Rows of history layers `layers[i]` for `ids[counts[:i].sum():counts[:i+1].sum()]`.
+    """Rows of history layers `layers[i]` for `ids[counts[:i].sum():counts[:i+1].sum()]` (for
+    all of `ids` in every layer when `counts` is empty; the answer then lists layer after layer).
 
     `global_ids`: ids are global ids of nodes this machine owns (another machine's halo sync);
     else local ids of this machine's partition. `since` >= 0: only rows stamped after it."""
@@ -239,8 +246,9 @@ class HistoryPullRequest(_Guarded):
                 raise ValueError("HistoryPull by global id for nodes this machine does not own")
             ids = pb.nid2localnid(ids, pb.partid).long()
         parts, stamps, sels, start = [], [], [], 0
-        for layer, n in zip(self.layers, self.counts):
-            chunk = ids[start:start + n]
+        shared = len(self.counts) == 0  # the same ids for every layer (the halo sync)
+        for layer, n in zip(self.layers, [len(ids)] * len(self.layers) if shared else self.counts):
+            chunk = ids if shared else ids[start:start + n]
             q, stamp = STATE.history.pull_codes(layer, chunk)
             if self.since >= 0:
                 keep = torch.nonzero(stamp > self.since).flatten()
@@ -249,7 +257,7 @@ class HistoryPullRequest(_Guarded):
             parts.append(q)
             stamps.append(stamp)
             start += n
-        if start != len(ids):
+        if not shared and start != len(ids):
             raise ValueError(f"HistoryPull: counts add up to {start}, got {len(ids)} ids")
         cat = [torch.cat([p[i] for p in parts]) if parts else torch.empty(0) for i in range(3)]
         sel = torch.cat(sels) if sels else None
@@ -285,16 +293,18 @@ class LampRequest(_Guarded):
             raise ValueError("LAMP roots must be nodes this machine owns")
         local = pb.nid2localnid(roots, pb.partid).long()
         h, ages, computed = prepare(STATE.lg, STATE.model, STATE.feat, STATE.halo_x, STATE.history,
-                                    local, STATE.meta["fanouts"][:-1], STATE.version)
+                                    local, STATE.meta["fanouts"][:-1], STATE.version, STATE.boundary)
         q = quantize(h, STATE.meta["bits"], generator=STATE.gen)
         return RowsResponse(q.codes, q.scale, q.offset, sel=None, ages=ages_summary(ages), computed=computed)
 
 
 def prepare(lg, model, feat, halo_x, history, roots_local, fanouts, version: int,
-            write_back: bool = True):
+            write_back: Optional[torch.Tensor] = None):
     """LAMP at an owner: h^(len(fanouts)) of `roots_local` through the model's first
     len(fanouts) layers (eval mode), on the locality-aware computation graph; halo leaves of
-    block k >= 1 read history layer k. Returns (h, ages of history rows used, nodes computed)."""
+    block k >= 1 read history layer k; fresh rows of the nodes flagged in `write_back` (a mask
+    over local ids: the nodes other machines read, all when None) are written back to the
+    histories. Returns (h, ages of history rows used, nodes computed)."""
     cg = lg.build(roots_local, fanouts)
     h = torch.cat([feat[cg.inner_src[0]].float(), halo_x[cg.leaves[0]]])
     ages = []
@@ -304,8 +314,11 @@ def prepare(lg, model, feat, halo_x, history, roots_local, fanouts, version: int
             ages.append(age)
             h = torch.cat([h, rows])
         h = model.layer_forward(k, block, h)
-        if write_back:
-            history.push(k + 1, cg.dst[k], h, version)
+        if k + 1 > history.layers:
+            continue
+        keep = torch.ones(len(h), dtype=torch.bool) if write_back is None else write_back[cg.dst[k]]
+        if bool(keep.any()):
+            history.push(k + 1, cg.dst[k][keep], h[keep], version)
     return h, ages, sum(len(d) for d in cg.dst)
 
 
