@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import List
 
 
 def pid_alive(pid: int) -> bool:
@@ -13,3 +15,17 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:  # exists, owned by someone else
         return True
     return True
+
+
+def environ_of(pid) -> dict:
+    """A process's environment from /proc ({} when it is gone or not ours to read)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+
+
+def pids_with_env(key: str, value: str) -> List[int]:
+    """Live processes whose environment has key=value (how holders and orphans are found)."""
+    return [int(d) for d in os.listdir("/proc") if d.isdigit() and environ_of(d).get(key) == value]

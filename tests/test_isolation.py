@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 
 import fake_entry
 from degnn.launch.isolate import HOLDER_ENV, can_isolate
+from degnn.proc import pids_with_env
 from timing import budget
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,16 +46,7 @@ def wait_up(p, run_dir, ranks=2):
 
 
 def holders_of(pid: int) -> list:
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                env = Path(f"/proc/{d}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if f"{HOLDER_ENV}={pid}".encode() in env:
-                out.append(int(d))
-    return out
+    return pids_with_env(HOLDER_ENV, str(pid))
 
 
 def listening(netns_of_pid=None) -> str:

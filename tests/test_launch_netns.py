@@ -21,8 +21,8 @@ import pytest
 
 import fake_entry
 from timing import budget
-from degnn.launch import cleanup_stale
 from degnn.launch.netns import list_links, list_namespaces
+from degnn.proc import environ_of, pids_with_env
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -186,16 +186,7 @@ def test_leftovers_of_a_killed_launcher_are_cleaned(part2, tmp_path):
 
 def _holders_of(pid: int) -> list:
     from degnn.launch.isolate import HOLDER_ENV
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                env = Path(f"/proc/{d}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if f"{HOLDER_ENV}={pid}".encode() in env:
-                out.append(int(d))
-    return out
+    return pids_with_env(HOLDER_ENV, str(pid))
 
 
 def test_dgl_trainers_attach_to_their_servers_shared_memory(part2, tmp_path):
@@ -267,7 +258,7 @@ def test_real_trainer_killed_mid_run(tmp_path):
             log = run_dir / "rank1.log"
             if log.exists() and " up in " in log.read_text(errors="replace"):
                 victim = [pid for pid in fake_entry.processes_mentioning(str(run_dir))
-                          if _env_of(pid).get("RANK") == "1" and _env_of(pid).get("DGL_ROLE") == "client"]
+                          if environ_of(pid).get("RANK") == "1" and environ_of(pid).get("DGL_ROLE") == "client"]
                 if victim:
                     break
             time.sleep(0.3)
@@ -288,14 +279,6 @@ def test_real_trainer_killed_mid_run(tmp_path):
     assert_nothing_left(p.pid, run_dir)
 
 
-def _env_of(pid: int) -> dict:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
-
-
 def test_real_trainer_stopped_is_reported_as_hung(tmp_path):
     """kill -STOP one trainer: within cluster.hang_timeout_s + 10 s the launcher names it, stops
     the run with status=failed and leaves nothing behind."""
@@ -311,7 +294,7 @@ def test_real_trainer_stopped_is_reported_as_hung(tmp_path):
             log = run_dir / "rank0.log"
             if log.exists() and "epoch 1:" in log.read_text(errors="replace"):
                 victim = [pid for pid in fake_entry.processes_mentioning(str(run_dir))
-                          if _env_of(pid).get("RANK") == "1" and _env_of(pid).get("DGL_ROLE") == "client"]
+                          if environ_of(pid).get("RANK") == "1" and environ_of(pid).get("DGL_ROLE") == "client"]
             time.sleep(0.3)
         assert victim, "training never started"
         os.kill(victim[0], signal.SIGSTOP)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import random
 import socket
 from pathlib import Path

@@ -21,6 +21,7 @@ from degnn.launch.netns import list_namespaces
 from degnn.launch.plan import Plan, Proc
 from degnn.launch.supervisor import Supervisor
 from degnn.metrics import read_curve
+from degnn.proc import environ_of
 from degnn.pipelines.tma import VARIANT_PARTITION, TMAPipeline, parse_duration
 from degnn.pipelines.tma.service import Coordinator
 from degnn.runtime.entry import compose_config
@@ -306,21 +307,13 @@ def test_a_dropped_partition_is_never_trained(tmp_path):
     _nothing_left(run_dir)
 
 
-def _env_of(pid: int) -> dict:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
-
-
 def _kill_trainer_after_round(run_dir, p, rank: int, after_round: int) -> int:
     """SIGKILL trainer `rank` once the curve has `after_round` rounds; its pid."""
     deadline = time.monotonic() + 200
     while time.monotonic() < deadline and p.poll() is None:
         if len(read_curve(run_dir)) >= after_round:
             pids = [pid for pid in fake_entry.processes_mentioning(str(run_dir))
-                    if _env_of(pid).get("RANK") == str(rank) and _env_of(pid).get("DGL_ROLE") == "client"]
+                    if environ_of(pid).get("RANK") == str(rank) and environ_of(pid).get("DGL_ROLE") == "client"]
             if pids:
                 os.kill(pids[0], signal.SIGKILL)
                 return pids[0]
@@ -387,7 +380,7 @@ def test_a_hung_trainer_is_left_behind_and_stopped_at_the_end(tmp_path):
         while pid is None and time.monotonic() < deadline and p.poll() is None:
             if read_curve(run_dir):
                 pid = next((q for q in fake_entry.processes_mentioning(str(run_dir))
-                            if _env_of(q).get("RANK") == "2" and _env_of(q).get("DGL_ROLE") == "client"), None)
+                            if environ_of(q).get("RANK") == "2" and environ_of(q).get("DGL_ROLE") == "client"), None)
             time.sleep(0.2)
         assert pid, "round 1 never came"
         os.kill(pid, signal.SIGSTOP)

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from degnn.proc import pid_alive
+from degnn.proc import environ_of, pid_alive
 
 from .isolate import HOLDER_ENV, SHM, registered
 
@@ -88,14 +88,6 @@ def remove_dead_local_runs() -> List[str]:
     return removed
 
 
-def _environ(pid: str) -> dict:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
-
-
 def kill_orphans() -> List[str]:
     """Processes that belong to a launcher that is gone (SIGKILL)."""
     out = []
@@ -103,7 +95,7 @@ def kill_orphans() -> List[str]:
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == me:
             continue
-        env = _environ(pid)
+        env = environ_of(pid)
         owner = env.get(LAUNCHER_ENV) or env.get(HOLDER_ENV)
         if not owner or not owner.isdigit() or pid_alive(int(owner)):
             continue

@@ -47,9 +47,9 @@ def check_config(cfg) -> None:
         raise LaunchError(f"model.dropout={dropout}: must be in [0, 1)")
     cl = cfg.cluster
     if cl.get("fault_timeout_s") is not None:
-        raise LaunchError(f"cluster.fault_timeout_s was renamed: it is the grace period between "
-                          f"SIGTERM and SIGKILL, cluster.stop_grace_s; hangs are "
-                          f"cluster.hang_timeout_s")
+        raise LaunchError("cluster.fault_timeout_s was renamed: it is the grace period between "
+                          "SIGTERM and SIGKILL, cluster.stop_grace_s; hangs are "
+                          "cluster.hang_timeout_s")
     _int_at_least(cfg, "cluster.machines", 1)
     if cl.kind == "netns" and cl.machines > 99:
         raise LaunchError(f"cluster.machines={cl.machines}: cluster=netns supports 1..99 machines")
