@@ -308,6 +308,17 @@ def plot_tma(group: List[dict], base: Optional[dict], target: Optional[float], p
     ax.set_title(f"{s0.get('dataset')}, {s0.get('machines')} machines, {bandwidth(s0) or 'unlimited'}")
     ax.set_xlabel("training time (s, evaluation excluded)")
     ax.set_ylabel(f"validation {s0.get('metric', 'acc')}")
+    return _finish(fig, ax, path)
+
+
+def _finish(fig, ax, path: Path) -> Path:
+    """Grid, legend, save, close: the end of every line plot here."""
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _group(s: dict) -> str:
@@ -396,12 +407,7 @@ def plot_lamp_bytes(runs: List[dict], path: Path) -> Optional[Path]:
     ax.set_yscale("log")
     ax.set_xlabel("layers")
     ax.set_ylabel("wire KB per batch beyond the all-reduce")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(fig, ax, path)
 
 
 def plot_curves(runs: List[dict], path: Path) -> Optional[Path]:
