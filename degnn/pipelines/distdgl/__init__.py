@@ -104,12 +104,13 @@ class DistDGLPipeline(Pipeline):
             loss.backward()  # DDP all-reduces the gradients here
             counter.add("allreduce", ring_allreduce_bytes(self.param_bytes, world))
             self.optimizer.step()
-            total += loss.item()
+            loss_value = loss.item()
+            total += loss_value
             n += 1
             self.ctx.heartbeat.beat()
             if progress is not None:
                 progress.update(1)
-                progress.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+                progress.set_postfix(loss=f"{loss_value:.3f}", refresh=False)
         return (total / n if n else float("nan")), n
 
     def evaluate(self) -> Tuple[float, float]:
