@@ -410,6 +410,64 @@ def plot_lamp_bytes(runs: List[dict], path: Path) -> Optional[Path]:
     return _finish(fig, ax, path)
 
 
+PHASES = ("sampling", "owner_wait", "compute", "allreduce", "history", "other")
+
+
+def _short(s: dict) -> str:
+    """A run's name in the breakdown: suite, dataset, and the lamp knobs that set it apart."""
+    text = f"{s['_rel'].split('/')[0]} {s.get('dataset')}"
+    if s.get("pipeline") == "lamp":
+        text += f" b{s.get('bits')}"
+        for key, tag in (("prefetch", "k"), ("fusion", "fusion=")):
+            if key in s:
+                text += f" {tag}{int(s[key]) if isinstance(s[key], bool) else s[key]}"
+    if bandwidth(s):
+        text += f" {bandwidth(s)}"
+    return text
+
+
+def breakdown_section(runs: List[dict]) -> List[str]:
+    """Per-batch time by phase (summary `time_per_batch_s`) for every run that has it."""
+    rows = [s for s in runs if s.get("status") == "ok" and s.get("time_per_batch_s")]
+    if not rows:
+        return []
+    out = ["## Where a batch's time goes", "",
+           "Milliseconds per batch and trainer, mean over trainers (degnn.metrics.PhaseTimer): sampling "
+           "= building the computation graph (distdgl: DGL's sampler and its RPCs), owner wait = blocked "
+           "on other machines' data (distdgl: the feature pull; lamp: the owners' answers), compute = "
+           "forward, backward and step without the all-reduce, history = lamp's history pushes, weight "
+           "shipping and halo sync, other = the rest of the epoch.", "",
+           "| run | " + " | ".join(PHASES) + " | total |", "|---|" + "---|" * (len(PHASES) + 1)]
+    for s in sorted(rows, key=lambda s: (s.get("dataset"), s.get("layers"), s["_rel"])):
+        t = s["time_per_batch_s"]
+        out.append(f"| {_short(s)} | " + " | ".join(fmt(1000 * t.get(p, 0.0), ".1f") for p in PHASES)
+                   + f" | {1000 * sum(t.values()):.1f} |")
+    return out + [""]
+
+
+def plot_breakdown(runs: List[dict], path: Path) -> Optional[Path]:
+    """One stacked bar per run: the per-batch time by phase."""
+    rows = sorted((s for s in runs if s.get("status") == "ok" and s.get("time_per_batch_s")),
+                  key=lambda s: (s.get("dataset"), s.get("layers"), s["_rel"]))
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows) + 2), 4.5))
+    bottom = [0.0] * len(rows)
+    for phase in PHASES:
+        vals = [1000 * s["time_per_batch_s"].get(phase, 0.0) for s in rows]
+        ax.bar(range(len(rows)), vals, bottom=bottom, label=phase.replace("_", " "))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_xticks(list(range(len(rows))))
+    ax.set_xticklabels([_short(s) for s in rows], rotation=35, ha="right", fontsize=7)
+    ax.set_ylabel("ms per batch (per trainer)")
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_curves(runs: List[dict], path: Path) -> Optional[Path]:
     groups = defaultdict(list)
     for s in runs:
@@ -477,6 +535,10 @@ def write_report(results: Path, title: str = "degnn benchmark") -> Path:
     lamp_png = plot_lamp_bytes(runs, results / "lamp_bytes_vs_layers.png")
     if lamp_png:
         lines += ["## LAMP: bytes per batch against layers", "", f"![lamp bytes]({lamp_png.name})", ""]
+    lines += breakdown_section(runs)
+    breakdown_png = plot_breakdown(runs, results / "time_breakdown.png")
+    if breakdown_png:
+        lines += [f"![time per batch by phase]({breakdown_png.name})", ""]
     report = results / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report
