@@ -93,7 +93,7 @@ def trainer(argv) -> int:
         out["answer_rows"] = int(h.shape[0])
         out["max_abs_diff"] = float((h - exact).abs().max())
         out["scale"] = float(exact.abs().max())
-        out["owner_nodes"] = res.computed
+        out["owner_nodes"] = res.counts[0]
         out["ages"] = list(res.ages)
     with open(os.path.join(run_dir, f"probe_rank{rank}.json"), "w") as f:
         json.dump(out, f)

@@ -209,7 +209,7 @@ def test_owner_preparation_and_trainer_forward_are_exact_with_exact_histories(ki
     halo_x[~lg.inner] = x[nid[~lg.inner]]
     feat = x[nid[lg.inner]]  # the KVStore's own rows, by local id
     roots = torch.tensor([0, 3, 7, 20])
-    h, ages, computed = service.prepare(lg, model, feat, halo_x, hist, roots, [-1] * (L - 1), 0)
+    h, ages, (computed, _, _) = service.prepare(lg, model, feat, halo_x, hist, roots, [-1] * (L - 1), 0)
     assert torch.allclose(h, exact[L - 1][nid[roots]], atol=1e-5)
     assert computed >= len(roots) and all(int(a.max()) == 0 for a in ages if len(a))
     # the trainer: whole model over its graph, top leaves = (exact) owner answers
