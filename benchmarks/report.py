@@ -367,6 +367,19 @@ def lamp_section(runs: List[dict]) -> List[str]:
            "beyond all-reduce KB (distdgl / lamp) | epoch s (distdgl / lamp) | test (distdgl / lamp) | "
            "difference (points) | history age mean / max | roots/batch |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+    reach = []
+    for s in sorted((s for s in ok if s["pipeline"] == "lamp"), key=lambda s: (_group(s), s["dataset"])):
+        d = base.get((_group(s), s["dataset"], s.get("layers")))
+        if d is None or d.get("best_val") is None or len([r for r in d["_curve"] if "val" in r]) < 2:
+            continue
+        target = d["best_val"] - 0.01
+        td, tl = time_to(d["_curve"], target), time_to(s["_curve"], target)
+        reach.append(f"| {_group(s)} | {s['dataset']} | {s.get('layers')} | {target:.4f} | {fmt(td, '.1f')} | "
+                     f"{fmt(tl, '.1f')} | **{(td / tl if td and tl else float('nan')):.2f}x** |")
+    if reach:
+        out += ["Training time (s) to distdgl's best validation accuracy minus one point:", "",
+                "| group | dataset | layers | target | distdgl | lamp | distdgl / lamp |",
+                "|---|---|---|---|---|---|---|", *reach, ""]
     growth = []
     for (pipe, ds), pts in sorted(_bytes_vs_layers(ok).items()):
         if len(pts) >= 2:
@@ -377,6 +390,44 @@ def lamp_section(runs: List[dict]) -> List[str]:
                 "| pipeline | dataset | layers | KB/batch before | KB/batch after | growth |",
                 "|---|---|---|---|---|---|", *growth, ""]
     return out
+
+
+def lamp_ablations(runs: List[dict]) -> List[str]:
+    """bench=lamp's ablations (issue 9): every lamp run with its asynchronous-pipeline and fusion
+    settings, beside the distdgl run of the same dataset, layers and bandwidth (epoch-time ratio)."""
+    ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("lamp", "distdgl")]
+    lamp = [s for s in ok if s["pipeline"] == "lamp" and "prefetch" in s]
+    if not lamp:
+        return []
+    base: Dict[tuple, dict] = {}
+    for s in sorted((s for s in ok if s["pipeline"] == "distdgl"), key=lambda s: s["_rel"], reverse=True):
+        base[(s["dataset"], s.get("layers"), bandwidth(s))] = s  # a bytes-* suite's run wins
+    rows = []
+    for s in sorted(lamp, key=lambda s: (s["dataset"], s.get("layers"), str(bandwidth(s)), s["_rel"])):
+        d = base.get((s["dataset"], s.get("layers"), bandwidth(s)))
+        t, td = median_epoch_s(s), (median_epoch_s(d) if d else None)
+        tb = s.get("time_per_batch_s") or {}
+        ms = lambda k: fmt(1000 * tb[k], ".1f") if k in tb else "–"  # noqa: E731
+        share = lambda k: fmt(100 * s[k], ".1f") if s.get(k) is not None else "–"  # noqa: E731
+        rows.append(
+            f"| {s['_rel'].split('/')[0]} | {s['dataset']} | {s.get('layers')} | {bandwidth(s) or '–'} | "
+            f"{s.get('prefetch')} | {s.get('fusion')} | {fmt(td, '.2f')} / {fmt(t, '.2f')} | "
+            f"**{(td / t if t and td else float('nan')):.2f}x** | {ms('owner_wait')} | {ms('compute')} | "
+            f"{share('fusion_saved_share')} / {share('fusion_saved_share_requests')} | "
+            f"{fmt(s.get('owner_requests_per_computation'), '.2f')} | "
+            f"{fmt(s.get('owner_version_lag_mean'), '.2f')} / {s.get('owner_version_lag_max', '–')} | "
+            f"{fmt(s.get('history_age_mean'), '.1f')} | {fmt(s.get('test'))} |")
+    return ["## LAMP: asynchronous pipeline and fusion", "",
+            "Every lamp run with its `pipeline.prefetch` and `pipeline.fusion`, beside the distdgl run of "
+            "the same dataset, layers and bandwidth. Owner wait and compute in ms per batch; fusion saved = "
+            "share of (node, layer) computations saved against no fusion at all / against owners not "
+            "merging queued requests; requests per computation = LAMP requests an owner answered with one "
+            "computation graph; owner lag = steps between the owners' weights and the step using their "
+            "answer; history age in steps.", "",
+            "| suite | dataset | layers | bandwidth | prefetch | fusion | epoch s (distdgl / lamp) | "
+            "distdgl / lamp | owner wait ms | compute ms | fusion saved % (all / requests) | "
+            "requests per computation | owner lag mean / max | history age mean | test |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
 def _bytes_vs_layers(ok: List[dict]) -> Dict[tuple, list]:
@@ -526,6 +577,7 @@ def write_report(results: Path, title: str = "degnn benchmark") -> Path:
     lines += parity(runs)
     lines += tma_section(runs, results)
     lines += lamp_section(runs)
+    lines += lamp_ablations(runs)
     curves = plot_curves(runs, results / "curves.png")
     bytes_png = plot_bytes(runs, results / "bytes_per_batch.png")
     if curves:

@@ -58,6 +58,21 @@ def check_lamp_config(pcfg, model_cfg) -> None:
                          f"got {pcfg.prefetch}")
 
 
+def pipelined(items: list, k: int, issue, complete, timer):
+    """Yield (issued, complete(issued)) for every item, in order, keeping the items up to i+k
+    issued before item i is completed (k = 0: issue, complete, one after the other). `timer`
+    (PhaseTimer) takes the issuing as ``sampling`` and the completing as ``owner_wait``."""
+    inflight: deque = deque()
+    for i in range(len(items)):
+        with timer("sampling"):
+            while len(inflight) <= k and i + len(inflight) < len(items):
+                inflight.append(issue(items[i + len(inflight)]))
+        b = inflight.popleft()
+        with timer("owner_wait"):
+            done = complete(b)
+        yield b, done
+
+
 class Batch(NamedTuple):
     """One batch between its requests going out (`_issue`) and its answers coming back
     (`_complete`): the seeds, the trainer's computation graph, and what is in flight for it."""
@@ -68,6 +83,7 @@ class Batch(NamedTuple):
     lamp: list                  # (server, LampRequest)
     pull: Optional[HistoryPullRequest]  # this machine's history rows for the middle blocks
     pending: dict               # service.send's map: the LAMP requests, then the pull
+    top_rows: Optional[torch.Tensor]  # fusion=false: which answer each (repeated) top leaf takes
 
 
 class LAMPPipeline(Pipeline):
@@ -262,9 +278,13 @@ class LAMPPipeline(Pipeline):
         cg = CompGraph(low.blocks + top.blocks, low.dst + top.dst, low.inner_src + top.inner_src,
                        low.leaves + top.leaves)
         counts = fusion_counts(cg)
+        top_rows = None
         if not self.fused:
             counts = (counts[2],) * 3  # the unfolded graph is computed: nothing saved
-            cg = unfold(cg)  # the same top leaves in the same order: the answers still fit
+            tree = unfold(cg)  # its top leaves repeat: one per path, each takes its root's answer
+            pos = torch.full((lg.num_nodes,), -1, dtype=torch.int64)
+            pos[cg.leaves[-1]] = torch.arange(len(cg.leaves[-1]))
+            cg, top_rows = tree, pos[tree.leaves[-1]]
         for i in range(3):
             self.fusion[i] += counts[i]
         mids = list(range(1, L - 1))
@@ -275,7 +295,7 @@ class LAMPPipeline(Pipeline):
         self.stats["roots"] += len(top_gid)
         self.stats["rounds"] += 1 if lamp else 0
         self.stats["cg_nodes"] += cg.num_nodes
-        return Batch(seeds, cg, top_gid, masks, lamp, pull, pending)
+        return Batch(seeds, cg, top_gid, masks, lamp, pull, pending, top_rows)
 
     def _complete(self, b: Batch):
         """Wait for the batch's answers; returns (cg, input features, leaf rows per block)."""
@@ -313,7 +333,7 @@ class LAMPPipeline(Pipeline):
             self.ages[1] += c
             self.ages[2] = max(self.ages[2], mx)
             leaves += list(torch.split(rows, [len(cg.leaves[k]) for k in range(1, self.L - 1)]))
-        leaves.append(top_h)
+        leaves.append(top_h if b.top_rows is None else top_h[b.top_rows])
         return cg, x, leaves
 
     def batches_per_epoch(self) -> Optional[int]:
@@ -333,14 +353,7 @@ class LAMPPipeline(Pipeline):
         total, n = 0.0, 0
         order = self.train_nids[torch.randperm(len(self.train_nids))]
         seeds_of = list(torch.tensor_split(order, self.num_batches))
-        inflight: deque = deque()
-        for i in range(len(seeds_of)):
-            with timer("sampling"):  # this batch's graph (k = 0) or batch i+k's (k > 0), requests sent
-                while len(inflight) <= self.prefetch and i + len(inflight) < len(seeds_of):
-                    inflight.append(self._issue(seeds_of[i + len(inflight)]))
-            b = inflight.popleft()
-            with timer("owner_wait"):
-                cg, x, leaves = self._complete(b)
+        for b, (cg, x, leaves) in pipelined(seeds_of, self.prefetch, self._issue, self._complete, timer):
             y = self.local_label[self.pb.nid2localnid(b.seeds, self.me).long()].long()
             with timer("compute"):
                 allreduce0 = timer.total["allreduce"]
