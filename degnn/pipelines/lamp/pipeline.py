@@ -227,8 +227,10 @@ class LAMPPipeline(Pipeline):
             return
         pairs, order = [], []
         for m, (_, gids) in self.halo_by_owner.items():
-            pairs.append((servers_of(m)[0], HistoryPullRequest(layers, [], gids, True, since)))
-            order.append(m)
+            # every server of the owner: each writes back what it prepared (servers_per_machine > 1)
+            for server in servers_of(m):
+                pairs.append((server, HistoryPullRequest(layers, [], gids, True, since)))
+                order.append(m)
         self.stats["rounds"] += 1 if pairs else 0
         self.sync_pending = (pairs, order, layers, send(pairs))
         self.last_sync = self.step
@@ -240,20 +242,30 @@ class LAMPPipeline(Pipeline):
         pairs, order, layers, pending = self.sync_pending
         self.sync_pending = None
         res = receive(pending)
-        pushes = []
+        rows: Dict[tuple, list] = {}  # (owner, layer) -> [(local ids, QRows, stamps)], one per server
         for (_, req), r, m in zip(pairs, res, order):
             self.ctx.counter.add("history_sync", payload_bytes(req) + payload_bytes(r))
             local_ids = self.halo_by_owner[m][0]
             n = len(local_ids)
             for i, layer in enumerate(layers):
-                mine = (r.sel >= i * n) & (r.sel < (i + 1) * n)
-                if not bool(mine.any()):
-                    continue
-                idx = torch.nonzero(mine).flatten()
-                q = QRows(r.codes[idx], r.scale[idx] if len(r.scale) else r.scale,
-                          r.offset[idx] if len(r.offset) else r.offset)
-                pushes.append(HistoryPushRequest(layer, local_ids[r.sel[idx] - i * n], q.codes, q.scale,
-                                                 q.offset, r.stamp[idx]))
+                idx = torch.nonzero((r.sel >= i * n) & (r.sel < (i + 1) * n)).flatten()
+                if len(idx):
+                    rows.setdefault((m, layer), []).append((local_ids[r.sel[idx] - i * n], QRows(
+                        r.codes[idx], r.scale[idx] if len(r.scale) else r.scale,
+                        r.offset[idx] if len(r.offset) else r.offset), r.stamp[idx]))
+        pushes = []
+        for (m, layer), parts in rows.items():
+            ids, stamp = torch.cat([p[0] for p in parts]), torch.cat([p[2] for p in parts])
+            q = [torch.cat([p[1][j] for p in parts]) for j in range(3)]
+            if len(parts) > 1:  # a node written by several servers of its owner: the newest row
+                order_ = torch.argsort(stamp, descending=True, stable=True)
+                uniq, inv = torch.unique(ids[order_], return_inverse=True)
+                first = torch.full((len(uniq),), len(inv), dtype=torch.int64).scatter_reduce(
+                    0, inv, torch.arange(len(inv)), "amin")
+                keep = order_[first]
+                ids, stamp = ids[keep], stamp[keep]
+                q = [t[keep] if len(t) else t for t in q]
+            pushes.append(HistoryPushRequest(layer, ids, q[0], q[1], q[2], stamp))
         if pushes:
             self._send_local("history_sync_store", pushes)
 
@@ -388,6 +400,10 @@ class LAMPPipeline(Pipeline):
             keep = self.boundary[cg.dst[k]]
             if bool(keep.any()):
                 pushes.append(self._push(k + 1, cg.dst[k][keep], h[keep], self.step))
+        # own rows are read only by other machines' halo sync, which asks every server of this
+        # machine: one copy is enough (the halo rows and the weights go to every server)
+        self._send_local(None, pushes, self.local_servers[:1])
+        pushes = []
         self.step += 1
         if self.step % cfg.pipeline.weight_sync_every == 0 and self.leader:
             state = {k: v.detach() for k, v in self.model.state_dict().items()
@@ -400,10 +416,10 @@ class LAMPPipeline(Pipeline):
         if self.prefetch == 0:
             self._drain_background()
 
-    def _send_local(self, category: Optional[str], requests: list) -> None:
-        """Send requests to every graph server of this machine; `_drain_background` collects
-        the acks."""
-        pairs = [(s, r) for r in requests for s in self.local_servers]
+    def _send_local(self, category: Optional[str], requests: list, servers: Optional[list] = None) -> None:
+        """Send requests to every graph server of this machine (or to `servers`);
+        `_drain_background` collects the acks."""
+        pairs = [(s, r) for r in requests for s in (servers or self.local_servers)]
         for _, r in pairs:
             cat = category or ("weights" if isinstance(r, SetWeightsRequest) else "history_push")
             self._local(cat, payload_bytes(r))
