@@ -411,23 +411,23 @@ def lamp_ablations(runs: List[dict]) -> List[str]:
         share = lambda k: fmt(100 * s[k], ".1f") if s.get(k) is not None else "–"  # noqa: E731
         rows.append(
             f"| {s['_rel'].split('/')[0]} | {s['dataset']} | {s.get('layers')} | {bandwidth(s) or '–'} | "
-            f"{s.get('prefetch')} | {s.get('fusion')} | {fmt(td, '.2f')} / {fmt(t, '.2f')} | "
+            f"{s.get('prefetch')} | {s.get('fusion')} | {s.get('grad', 'stop')} | {fmt(td, '.2f')} / {fmt(t, '.2f')} | "
             f"**{(td / t if t and td else float('nan')):.2f}x** | {ms('owner_wait')} | {ms('compute')} | "
             f"{share('fusion_saved_share')} / {share('fusion_saved_share_requests')} | "
             f"{fmt(s.get('owner_requests_per_computation'), '.2f')} | "
             f"{fmt(s.get('owner_version_lag_mean'), '.2f')} / {s.get('owner_version_lag_max', '–')} | "
-            f"{fmt(s.get('history_age_mean'), '.1f')} | {fmt(s.get('test'))} |")
+            f"{fmt(s.get('history_age_mean'), '.1f')} | {fmt(s.get('test'))} | {kb(s.get('net_bytes_per_batch'))} |")
     return ["## LAMP: asynchronous pipeline and fusion", "",
-            "Every lamp run with its `pipeline.prefetch` and `pipeline.fusion`, beside the distdgl run of "
+            "Every lamp run with its `pipeline.prefetch`, `pipeline.fusion` and `pipeline.grad`, beside the distdgl run of "
             "the same dataset, layers and bandwidth. Owner wait and compute in ms per batch; fusion saved = "
             "share of (node, layer) computations saved against no fusion at all / against owners not "
             "merging queued requests; requests per computation = LAMP requests an owner answered with one "
             "computation graph; owner lag = steps between the owners' weights and the step using their "
             "answer; history age in steps.", "",
-            "| suite | dataset | layers | bandwidth | prefetch | fusion | epoch s (distdgl / lamp) | "
+            "| suite | dataset | layers | bandwidth | prefetch | fusion | grad | epoch s (distdgl / lamp) | "
             "distdgl / lamp | owner wait ms | compute ms | fusion saved % (all / requests) | "
-            "requests per computation | owner lag mean / max | history age mean | test |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+            "requests per computation | owner lag mean / max | history age mean | test | net KB/batch |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
 def _bytes_vs_layers(ok: List[dict]) -> Dict[tuple, list]:

@@ -344,6 +344,35 @@ def test_owner_merges_queued_requests_into_one_graph_and_answers_each(monkeypatc
     assert sent[1][2].counts == (0, 0, 0, 0) and own.version == sent[1][2].version == 7
 
 
+def test_pushed_gradient_rows_reach_the_owners_copy_of_the_lower_layers(monkeypatch):
+    """grad=push: an owner backpropagates pushed gradient rows through its own computation of those
+    roots into its replica's lower layers (not the top one, which only trainers run); gradients of
+    several pushes add up until this machine's trainer pulls them, which clears them."""
+    lg, model, exact, hist, halo_x, feat = exact_setup()
+    monkeypatch.setattr(service, "STATE", service._ServerState())
+    st = service.STATE
+    st.meta = {"bits": 32, "fanouts": [-1, -1, -1], "fusion": True, "hidden": 8, "layers": 3}
+    st.lg, st.model, st.feat, st.halo_x, st.history, st.version = lg, model, feat, halo_x, hist, 1
+    roots = torch.tensor([0, 3, 7])
+    g = torch.randn(3, 8)
+    for _ in range(2):
+        q = quantize(g, 32)
+        assert service.GradPushRequest(roots, q.codes, q.scale, q.offset).process_request(_ServerState()).error == ""
+    lower = [(n, p) for n, p in model.named_parameters() if not n.startswith("layers.2.")]
+    with torch.enable_grad():
+        h, _, _ = service.prepare(lg, model, feat, halo_x, hist, roots, [-1, -1], 1,
+                                  torch.zeros(lg.num_nodes, dtype=torch.bool))
+        ref = torch.autograd.grad(h, [p for _, p in lower], g)
+    pulled = service.GradPullRequest().process_request(_ServerState())
+    assert pulled.error == "" and pulled.rows == 6
+    assert pulled.names == sorted(n for n, _ in lower)
+    got = dict(zip(pulled.names, pulled.tensors))
+    for (name, _), r in zip(lower, ref):
+        assert torch.allclose(got[name], 2 * r, atol=1e-5) and r.abs().sum() > 0, name
+    again = service.GradPullRequest().process_request(_ServerState())
+    assert again.names == [] and again.rows == 0
+
+
 def test_pipelined_trains_the_same_batches_in_order_with_k_ahead():
     from degnn.metrics import PhaseTimer
     from degnn.pipelines.lamp.pipeline import pipelined
@@ -426,7 +455,7 @@ def test_lamp_services_are_registered_explicitly():
     from degnn.runtime import services
 
     ids = {sid: req for sid, req, _ in services.all_services()}
-    assert {7710, 7711, 7712, 7713, 7714} <= set(ids)
+    assert {7710, 7711, 7712, 7713, 7714, 7715, 7716} <= set(ids)
     assert ids[7714] is service.LampRequest
     # the service module imports only dgl and torch (servers import it before initialize)
     code = ("import sys; import degnn.pipelines.lamp.service as s; "
@@ -459,7 +488,7 @@ def launch(run_dir, *overrides, timeout=900):
 def test_server_answers_lamp_requests_exactly_and_survives_bad_ones(roots, tmp_path):
     """tests/lamp_probe.py on two machines: errors inside the servers come back as errors, and the
     same servers then answer a good request with the exact hidden states (32 bits, full fan-outs,
-    exact histories)."""
+    exact histories), and take pushed gradient rows into their lower layers (grad=push)."""
     p = launch(tmp_path, "cluster.entry=tests.lamp_probe", "model.layers=3", "model.fanouts=[5,5,5]", *roots)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     for rank in (0, 1):
@@ -474,6 +503,9 @@ def test_server_answers_lamp_requests_exactly_and_survives_bad_ones(roots, tmp_p
         assert r["max_abs_diff"] < 1e-4 * max(1.0, r["scale"])
         assert r["owner_nodes"] > 50  # layers 1..L-1 computed on the owner
         assert r["ages"][2] == 1  # histories stamped 0, weights version 1
+        assert r["push_error"] is None and r["pull_error"] is None and r["grad_rows"] == 50
+        assert r["grad_names"] and not any(n.startswith("layers.2.") for n in r["grad_names"])
+        assert r["grad_norm"] > 0
 
 
 @needs_netns
@@ -529,7 +561,8 @@ def test_bench_lamp_composes_and_pairs_every_lamp_suite_with_distdgl():
     # issue 9's ablations at 3 layers on both datasets, and the 3-layer comparison at 100 mbit
     over = {s.name: s.overrides for s in cfg.bench.suites}
     assert "pipeline.prefetch=0,2" in over["ablation-prefetch"] and "pipeline.fusion=false" in over["ablation-fusion"]
-    for name in ("ablation-prefetch", "ablation-fusion", "bytes-L3-100mbit-lamp"):
+    assert "pipeline.grad=push" in over["ablation-grad"]
+    for name in ("ablation-prefetch", "ablation-fusion", "ablation-grad", "bytes-L3-100mbit-lamp"):
         assert "model.layers=3" in over[name] and "dataset=wordnet,synthetic-arxiv" in over[name]
     assert "cluster.bandwidth=100mbit" in over["bytes-L3-100mbit-distdgl"]
     # every job composes (a mistyped pipeline key fails here)
@@ -570,7 +603,7 @@ def test_report_puts_lamp_beside_distdgl_and_plots_bytes_against_layers(tmp_path
             epoch_times_s=[2.0])
         run(f"bytes-L{layers}-lamp/0", pipeline="lamp", layers=layers, bits=8, test=0.495, net_bytes_per_batch=l_net,
             epoch_times_s=[1.0], history_age_mean=3.5, history_age_max=12, roots_per_batch=700.0,
-            prefetch=1, fusion=True, fusion_saved_share=0.4, fusion_saved_share_requests=0.05,
+            prefetch=1, fusion=True, grad="stop", fusion_saved_share=0.4, fusion_saved_share_requests=0.05,
             owner_requests_per_computation=1.3, owner_version_lag_mean=1.2, owner_version_lag_max=2,
             time_per_batch_s={"sampling": 0.02, "owner_wait": 0.01, "compute": 0.1, "allreduce": 0.03,
                               "history": 0.01, "other": 0.001})
@@ -582,7 +615,8 @@ def test_report_puts_lamp_beside_distdgl_and_plots_bytes_against_layers(tmp_path
     assert "| lamp | wordnet | 2 -> 4 | 0.2 | 0.3 | 1.40x |" in text
     assert (tmp_path / "lamp_bytes_vs_layers.png").stat().st_size > 1000
     # issue 9: the ablation table and the per-batch time breakdown (table and stacked bars)
-    assert "| bytes-L3-lamp | wordnet | 3 | – | 1 | True | 2.00 / 1.00 | **2.00x** | 10.0 | 100.0 | 40.0 / 5.0 | 1.30 | 1.20 / 2 | 3.5 | 0.4950 |" in text
+    assert ("| bytes-L3-lamp | wordnet | 3 | – | 1 | True | stop | 2.00 / 1.00 | **2.00x** | 10.0 | 100.0 | "
+            "40.0 / 5.0 | 1.30 | 1.20 / 2 | 3.5 | 0.4950 | 0.3 |") in text
     assert "| bytes-L3-lamp wordnet b8 k1 fusion=1 | 20.0 | 10.0 | 100.0 | 30.0 | 10.0 | 1.0 | 171.0 |" in text
     assert (tmp_path / "time_breakdown.png").stat().st_size > 1000
 

@@ -19,11 +19,12 @@ from degnn.pipelines.evaluation import DistEvaluator, dataset_evaluator
 from degnn.pipelines.lamp.graph import CompGraph, LocalGraph, fusion_counts, unfold
 from degnn.pipelines.lamp.history import ages_summary
 from degnn.pipelines.lamp.quantize import QRows, check_bits, dequantize, quantize
-from degnn.pipelines.lamp.service import (HistoryPullRequest, HistoryPushRequest, LampRequest,
-                                          LampSetupRequest, SetWeightsRequest, call, payload_bytes,
-                                          receive, send, servers_of)
+from degnn.pipelines.lamp.service import (AckResponse, GradPullRequest, GradPushRequest, HistoryPullRequest,
+                                          HistoryPushRequest, LampRequest, LampSetupRequest,
+                                          SetWeightsRequest, call, payload_bytes, receive, send,
+                                          servers_of)
 
-GRAD_MODES = ("stop",)
+GRAD_MODES = ("stop", "push")
 
 
 class LampNet(nn.Module):
@@ -47,8 +48,8 @@ def check_lamp_config(pcfg, model_cfg) -> None:
     check_bits(int(pcfg.bits))
     if pcfg.grad not in GRAD_MODES:
         raise ValueError(f"pipeline.grad={pcfg.grad}: this version implements {', '.join(GRAD_MODES)} "
-                         f"(owner answers are constants, GAS semantics); push-pull gradients to the owners are "
-                         f"not implemented")
+                         f"(stop: owner answers are constants, GAS semantics; push: their gradients go back to the "
+                         f"owners, P3-style)")
     if model_cfg.layers < 2:
         raise ValueError("pipeline=lamp needs model.layers >= 2 (with one layer there is nothing to prepare)")
     if pcfg.sync_every < 1 or pcfg.weight_sync_every < 1:
@@ -153,13 +154,19 @@ class LAMPPipeline(Pipeline):
         self.setup_bytes = (len(halo_gid) * (8 + in_dim * 4)) if self.leader else 0
         self.ages = [0, 0, 0]  # sum, count, max of ages of history rows used (here and at owners)
         self.stats = {"roots": 0, "rounds": 0, "owner_nodes": 0, "cg_nodes": 0, "answers": 0,
-                      "lag_sum": 0, "lag_max": 0, "merged": 0, "computations": 0}
+                      "lag_sum": 0, "lag_max": 0, "merged": 0, "computations": 0, "grad_rows": 0,
+                      "owner_grad_rows": 0}
         # (node, layer) computations: done, had requests not been merged, had nothing been fused
         # (trainer and owners; graph.fusion_counts)
         self.fusion = [0, 0, 0]
         self.prefetch, self.fused = int(pcfg.prefetch), bool(pcfg.fusion)
         self.background: List[dict] = []  # pending maps of history and weight traffic
         self.sync_pending = None  # a halo sync whose answers are not yet stored
+        # grad=push: parameter gradients the owners of this machine computed from other trainers'
+        # pushed rows (pulled from the local servers in the background), added before the next backward
+        self.push = pcfg.grad == "push"
+        self.owner_grads: Dict[str, torch.Tensor] = {}
+        self.grad_pull = None
         self.step = 0
         self.last_sync = 0
         self.weights_version = -1
@@ -345,8 +352,10 @@ class LAMPPipeline(Pipeline):
             self.ages[1] += c
             self.ages[2] = max(self.ages[2], mx)
             leaves += list(torch.split(rows, [len(cg.leaves[k]) for k in range(1, self.L - 1)]))
+        if self.push:
+            top_h.requires_grad_(True)  # its gradient goes back to the owners
         leaves.append(top_h if b.top_rows is None else top_h[b.top_rows])
-        return cg, x, leaves
+        return cg, x, leaves, top_h
 
     def batches_per_epoch(self) -> Optional[int]:
         return self.num_batches
@@ -365,18 +374,22 @@ class LAMPPipeline(Pipeline):
         total, n = 0.0, 0
         order = self.train_nids[torch.randperm(len(self.train_nids))]
         seeds_of = list(torch.tensor_split(order, self.num_batches))
-        for b, (cg, x, leaves) in pipelined(seeds_of, self.prefetch, self._issue, self._complete, timer):
+        for b, (cg, x, leaves, top_h) in pipelined(seeds_of, self.prefetch, self._issue, self._complete, timer):
             y = self.local_label[self.pb.nid2localnid(b.seeds, self.me).long()].long()
             with timer("compute"):
                 allreduce0 = timer.total["allreduce"]
                 out, hidden = self.ddp(cg.blocks, x, leaves)
                 loss = F.cross_entropy(out, y)
                 self.optimizer.zero_grad()
+                if self.push:  # the owners' gradients join this step's all-reduce (DDP sums into .grad)
+                    self._apply_owner_grads()
                 loss.backward()  # DDP all-reduces the gradients of the trainer's own sub-graph
                 self.optimizer.step()
             timer.add("compute", allreduce0 - timer.total["allreduce"])
             counter.add("allreduce", ring_allreduce_bytes(self.param_bytes, world))
             with timer("history"):
+                if self.push:
+                    self._push_grads(b, top_h.grad)
                 self._after_step(cg, hidden)
             loss_value = loss.item()
             total += loss_value
@@ -387,6 +400,9 @@ class LAMPPipeline(Pipeline):
                 progress.set_postfix(loss=f"{loss_value:.3f}", refresh=False)
         with timer("history"):
             self._drain_background()
+            # every trainer has its answers: every server's sends of this epoch are done before any
+            # machine reads its wire counters (the epoch's window, base.run)
+            dist.barrier()
         return (total / n if n else float("nan")), n
 
     def _after_step(self, cg: CompGraph, hidden: List[torch.Tensor]) -> None:
@@ -413,8 +429,42 @@ class LAMPPipeline(Pipeline):
         self._send_local(None, pushes)
         if self.step % cfg.pipeline.sync_every == 0 and self.leader:
             self._sync_histories()
+        if self.push and self.grad_pull is None:  # what the owners here computed for other trainers
+            pairs = [(srv, GradPullRequest()) for srv in self.local_servers]
+            for _, r in pairs:
+                self._local("grad_pull", payload_bytes(r))
+            self.grad_pull = send(pairs)
         if self.prefetch == 0:
             self._drain_background()
+
+    def _push_grads(self, b: Batch, grad: Optional[torch.Tensor]) -> None:
+        """grad=push: each owner gets the gradient rows of the roots it answered (quantized like
+        the answers; the acks are collected in the background)."""
+        if grad is None:
+            return
+        for (server, req), mask in zip(b.lamp, b.masks):
+            q = quantize(grad[mask], self.bits)
+            push = GradPushRequest(req.roots, q.codes, q.scale, q.offset)
+            self.ctx.counter.add("grad_push", payload_bytes(push) + payload_bytes(AckResponse()))
+            self.background.append(send([(server, push)]))
+        self.stats["grad_rows"] += len(grad)
+        self.stats["rounds"] += 1 if b.lamp else 0  # a second round to the owners per batch
+
+    def _collect_owner_grads(self) -> None:
+        if self.grad_pull is None:
+            return
+        for r in receive(self.grad_pull):
+            for name, t in zip(r.names, r.tensors):
+                self.owner_grads[name] = self.owner_grads[name] + t if name in self.owner_grads else t
+            self.stats["owner_grad_rows"] += r.rows
+        self.grad_pull = None
+
+    def _apply_owner_grads(self) -> None:
+        self._collect_owner_grads()
+        params = dict(self.model.named_parameters())
+        for name, t in self.owner_grads.items():
+            params[name].grad = t.clone()
+        self.owner_grads = {}
 
     def _send_local(self, category: Optional[str], requests: list, servers: Optional[list] = None) -> None:
         """Send requests to every graph server of this machine (or to `servers`);
@@ -430,6 +480,7 @@ class LAMPPipeline(Pipeline):
         """Collect everything sent in the background: the halo sync's answers (then stored) and
         the acks of pushes and weights."""
         self._store_sync()
+        self._collect_owner_grads()
         while self.background:
             receive(self.background.pop(0))
 
@@ -467,6 +518,10 @@ class LAMPPipeline(Pipeline):
                 "fusion_saved_share_requests": 1 - done / separate if separate else 0.0,
                 "owner_requests_per_computation": (stat["merged"] / stat["computations"]
                                                    if stat["computations"] else None),
+                # grad=push: gradient rows sent to owners, and rows whose parameter gradients the
+                # owners handed to their machine's trainer (one step or more later)
+                "grad_rows_pushed_per_batch": stat["grad_rows"] / batches,
+                "owner_grad_rows_joined_per_batch": stat["owner_grad_rows"] / batches,
                 "history_age_mean": age_sum / age_cnt if age_cnt else None,
                 "history_age_max": max(r["ages"][2] for r in ranks),
                 "history_rows_used_per_batch": age_cnt / batches,

@@ -28,7 +28,7 @@ import dgl
 import torch
 from dgl.distributed import rpc
 
-ID_SETUP, ID_WEIGHTS, ID_PUSH, ID_PULL, ID_LAMP = 7710, 7711, 7712, 7713, 7714
+ID_SETUP, ID_WEIGHTS, ID_PUSH, ID_PULL, ID_LAMP, ID_GRAD, ID_GRAD_PULL = 7710, 7711, 7712, 7713, 7714, 7715, 7716
 MSG_OVERHEAD = 64  # DGL RPC message header (ids, sizes) beyond the pickled fields and the tensors
 # how long a server polls its queue for more requests to merge (ms; DGL's smallest timeout)
 DRAIN_POLL_MS = 1
@@ -54,6 +54,8 @@ class _ServerState:
         self.feat = None
         self.boundary = None
         self.gen = torch.Generator().manual_seed(0)
+        self.grads = {}  # grad=push: parameter gradients from pushed rows, not yet pulled
+        self.grad_rows = 0
 
 
 STATE = _ServerState()
@@ -396,12 +398,87 @@ def prepare(lg, model, feat, halo_x, history, roots_local, fanouts, version: int
     return h, ages, counts
 
 
+class GradsResponse(rpc.Response):
+    """Parameter gradients (names, tensors) and how many pushed rows produced them."""
+
+    def __init__(self, names=(), tensors=(), rows: int = 0, error: str = ""):
+        self.names, self.tensors, self.rows, self.error = list(names), list(tensors), rows, error
+
+    def __getstate__(self):
+        return (self.names, self.rows, self.error) + tuple(self.tensors)
+
+    def __setstate__(self, state):
+        self.names, self.rows, self.error = state[0], state[1], state[2]
+        self.tensors = list(state[3:])
+
+
+class GradPushRequest(_Guarded):
+    """grad=push (P3-style): the loss's gradient with respect to the h^(L-1) this machine answered
+    for `roots`, quantized like the answers. The server recomputes its computation graph below the
+    roots with autograd on (a fresh sample with its current weights: it keeps no per-request
+    autograd state), backpropagates the rows into its replica's lower layers and keeps the
+    parameter gradients for this machine's trainer (GradPullRequest), whose next all-reduce they
+    join."""
+
+    def __init__(self, roots: torch.Tensor, codes, scale, offset):
+        self.roots, self.codes, self.scale, self.offset = roots, codes, scale, offset
+
+    def __getstate__(self):
+        return self.roots, self.codes, self.scale, self.offset
+
+    def __setstate__(self, state):
+        self.roots, self.codes, self.scale, self.offset = state
+
+    def process(self, server_state):
+        from degnn.pipelines.lamp.quantize import QRows, dequantize
+
+        _require_setup()
+        pb = server_state.partition_book
+        roots = self.roots.long()
+        if len(roots) and not bool((pb.nid2partid(roots) == pb.partid).all()):
+            raise ValueError("pushed gradient rows must be of nodes this machine owns")
+        m = STATE.meta
+        grad = dequantize(QRows(self.codes, self.scale, self.offset), m["bits"], m["hidden"])
+        top = f"layers.{m['layers'] - 1}."
+        params = [(n, p) for n, p in STATE.model.named_parameters() if not n.startswith(top)]
+        with torch.enable_grad():
+            h, _, _ = prepare(STATE.lg, STATE.model, STATE.feat, STATE.halo_x, STATE.history,
+                              pb.nid2localnid(roots, pb.partid).long(), m["fanouts"][:-1], STATE.version,
+                              torch.zeros(STATE.lg.num_nodes, dtype=torch.bool))  # no write-back
+            grads = torch.autograd.grad(h, [p for _, p in params], grad, allow_unused=True)
+        for (name, p), g in zip(params, grads):
+            if g is not None:
+                STATE.grads[name] = STATE.grads[name] + g if name in STATE.grads else g
+        STATE.grad_rows += len(roots)
+        return AckResponse()
+
+
+class GradPullRequest(_Guarded):
+    """The parameter gradients accumulated from pushed rows since the last pull (then cleared)."""
+    response_cls = GradsResponse
+
+    def __getstate__(self):
+        return 0
+
+    def __setstate__(self, state):
+        pass
+
+    def process(self, server_state):
+        _require_setup()
+        names = sorted(STATE.grads)
+        res = GradsResponse(names, [STATE.grads[n] for n in names], STATE.grad_rows)
+        STATE.grads, STATE.grad_rows = {}, 0
+        return res
+
+
 SERVICES = [
     (ID_SETUP, LampSetupRequest, AckResponse),
     (ID_WEIGHTS, SetWeightsRequest, AckResponse),
     (ID_PUSH, HistoryPushRequest, AckResponse),
     (ID_PULL, HistoryPullRequest, RowsResponse),
     (ID_LAMP, LampRequest, RowsResponse),
+    (ID_GRAD, GradPushRequest, AckResponse),
+    (ID_GRAD_PULL, GradPullRequest, GradsResponse),
 ]
 
 
