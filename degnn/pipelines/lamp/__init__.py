@@ -48,9 +48,14 @@ Choices where the paper is silent (reference/degnn.md §6), and why:
   history at all (nothing to push or synchronise).
 * Owners answer per-root h^(L-1) (not per-seed partial sums): works for every aggregator
   (GAT too) and the bytes are |roots| x (d_h b/8 + 4), independent of L and lower fan-outs.
-* Gradient: stop (GAS). Push-pull (P3-style) gradients to the owners are not implemented
-  (`pipeline.grad=push` is refused), nor is running the owners' preparation in the trainer
-  processes instead of the graph servers.
+* Gradient: stop (GAS, default) or push (P3-style, `pipeline.grad=push`): the trainer sends the
+  gradient rows of the owners' answers back (quantized like the answers); the owner recomputes
+  its graph below those roots with autograd (a fresh sample with its current weights: servers
+  keep no per-request autograd state) and keeps the lower layers' parameter gradients until its
+  machine's trainer pulls them (loopback, in the background) into its next all-reduce. So they
+  join one step late (or more), and only the owner machine's trainer's all-reduce carries them:
+  no parameter gradients on the wire. Running the owners' preparation in the trainer processes
+  instead of the graph servers (engine=trainer) is not implemented.
 * Owner-side computation runs in eval mode (no dropout): answers stand in for historical
   embeddings, which should be expectations.
 * Halo input features are replicated once at setup (counted in `setup_bytes`): block 0 of an

@@ -85,6 +85,8 @@ class Batch(NamedTuple):
     pull: Optional[HistoryPullRequest]  # this machine's history rows for the middle blocks
     pending: dict               # service.send's map: the LAMP requests, then the pull
     top_rows: Optional[torch.Tensor]  # fusion=false: which answer each (repeated) top leaf takes
+    x: torch.Tensor             # input features of the trainer's own nodes (local shared memory)
+    x_leaves: torch.Tensor      # the halo leaves' input features (the setup replica)
 
 
 class LAMPPipeline(Pipeline):
@@ -314,13 +316,13 @@ class LAMPPipeline(Pipeline):
         self.stats["roots"] += len(top_gid)
         self.stats["rounds"] += 1 if lamp else 0
         self.stats["cg_nodes"] += cg.num_nodes
-        return Batch(seeds, cg, top_gid, masks, lamp, pull, pending, top_rows)
+        # the local gathers here, not in _complete: owner_wait then measures only the owners
+        x = self.local_feat[cg.inner_src[0]].float()
+        return Batch(seeds, cg, top_gid, masks, lamp, pull, pending, top_rows, x, self.halo_x[cg.leaves[0]])
 
     def _complete(self, b: Batch):
         """Wait for the batch's answers; returns (cg, input features, leaf rows per block)."""
-        cg = b.cg
-        x = self.local_feat[cg.inner_src[0]].float()
-        leaves = [self.halo_x[cg.leaves[0]]]
+        cg, x, leaves = b.cg, b.x, [b.x_leaves]
         res = receive(b.pending)
         hidden = self.cfg.model.hidden
         top_h = torch.zeros(len(b.top_gid), hidden)
