@@ -368,7 +368,7 @@ class LAMPPipeline(Pipeline):
         pushes, weight shipping and the halo sync are sent without waiting, and their answers
         collected a step later (a server handles one connection's requests in order, so a later
         request still sees an earlier push). Nothing is in flight between epochs."""
-        cfg, counter, timer = self.cfg, self.ctx.counter, self.timer
+        counter, timer = self.ctx.counter, self.timer
         world = self.ctx.world_size
         self.step = self.batches
         self._ship_weights()  # (after a resume the servers hold the initial weights)
