@@ -400,8 +400,9 @@ def lamp_ablations(runs: List[dict]) -> List[str]:
     if not lamp:
         return []
     base: Dict[tuple, dict] = {}
-    for s in sorted((s for s in ok if s["pipeline"] == "distdgl"), key=lambda s: s["_rel"], reverse=True):
-        base[(s["dataset"], s.get("layers"), bandwidth(s))] = s  # a bytes-* suite's run wins
+    for s in sorted((s for s in ok if s["pipeline"] == "distdgl"),
+                    key=lambda s: (not _group(s).startswith("bytes"), s["_rel"])):
+        base.setdefault((s["dataset"], s.get("layers"), bandwidth(s)), s)  # a bytes-* suite's run first
     rows = []
     for s in sorted(lamp, key=lambda s: (s["dataset"], s.get("layers"), str(bandwidth(s)), s["_rel"])):
         d = base.get((s["dataset"], s.get("layers"), bandwidth(s)))
