@@ -389,6 +389,19 @@ def lamp_section(runs: List[dict]) -> List[str]:
            "beyond all-reduce KB (distdgl / lamp) | epoch s (distdgl / lamp) | test (distdgl / lamp) | "
            "difference (points) | history age mean / max | roots/batch |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+    reach = []
+    for s in sorted((s for s in ok if s["pipeline"] == "lamp"), key=lambda s: (_group(s), s["dataset"])):
+        d = base.get((_group(s), s["dataset"], s.get("layers")))
+        if d is None or d.get("best_val") is None or len([r for r in d["_curve"] if "val" in r]) < 2:
+            continue
+        target = d["best_val"] - 0.01
+        td, tl = time_to(d["_curve"], target), time_to(s["_curve"], target)
+        reach.append(f"| {_group(s)} | {s['dataset']} | {s.get('layers')} | {target:.4f} | {fmt(td, '.1f')} | "
+                     f"{fmt(tl, '.1f')} | **{(td / tl if td and tl else float('nan')):.2f}x** |")
+    if reach:
+        out += ["Training time (s) to distdgl's best validation accuracy minus one point:", "",
+                "| group | dataset | layers | target | distdgl | lamp | distdgl / lamp |",
+                "|---|---|---|---|---|---|---|", *reach, ""]
     growth = []
     for (pipe, ds), pts in sorted(_bytes_vs_layers(ok).items()):
         if len(pts) >= 2:
@@ -399,6 +412,45 @@ def lamp_section(runs: List[dict]) -> List[str]:
                 "| pipeline | dataset | layers | KB/batch before | KB/batch after | growth |",
                 "|---|---|---|---|---|---|", *growth, ""]
     return out
+
+
+def lamp_ablations(runs: List[dict]) -> List[str]:
+    """bench=lamp's ablations (issue 9): every lamp run with its asynchronous-pipeline and fusion
+    settings, beside the distdgl run of the same dataset, layers and bandwidth (epoch-time ratio)."""
+    ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("lamp", "distdgl")]
+    lamp = [s for s in ok if s["pipeline"] == "lamp" and "prefetch" in s]
+    if not lamp:
+        return []
+    base: Dict[tuple, dict] = {}
+    for s in sorted((s for s in ok if s["pipeline"] == "distdgl"),
+                    key=lambda s: (not _group(s).startswith("bytes"), s["_rel"])):
+        base.setdefault((s["dataset"], s.get("layers"), bandwidth(s)), s)  # a bytes-* suite's run first
+    rows = []
+    for s in sorted(lamp, key=lambda s: (s["dataset"], s.get("layers"), str(bandwidth(s)), s["_rel"])):
+        d = base.get((s["dataset"], s.get("layers"), bandwidth(s)))
+        t, td = median_epoch_s(s), (median_epoch_s(d) if d else None)
+        tb = s.get("time_per_batch_s") or {}
+        ms = lambda k: fmt(1000 * tb[k], ".1f") if k in tb else "–"  # noqa: E731
+        share = lambda k: fmt(100 * s[k], ".1f") if s.get(k) is not None else "–"  # noqa: E731
+        rows.append(
+            f"| {s['_rel'].split('/')[0]} | {s['dataset']} | {s.get('layers')} | {bandwidth(s) or '–'} | "
+            f"{s.get('prefetch')} | {s.get('fusion')} | {s.get('grad', 'stop')} | {fmt(td, '.2f')} / {fmt(t, '.2f')} | "
+            f"**{(td / t if t and td else float('nan')):.2f}x** | {ms('owner_wait')} | {ms('compute')} | "
+            f"{share('fusion_saved_share')} / {share('fusion_saved_share_requests')} | "
+            f"{fmt(s.get('owner_requests_per_computation'), '.2f')} | "
+            f"{fmt(s.get('owner_version_lag_mean'), '.2f')} / {s.get('owner_version_lag_max', '–')} | "
+            f"{fmt(s.get('history_age_mean'), '.1f')} | {fmt(s.get('test'))} | {kb(s.get('net_bytes_per_batch'))} |")
+    return ["## LAMP: asynchronous pipeline and fusion", "",
+            "Every lamp run with its `pipeline.prefetch`, `pipeline.fusion` and `pipeline.grad`, beside the distdgl run of "
+            "the same dataset, layers and bandwidth. Owner wait and compute in ms per batch; fusion saved = "
+            "share of (node, layer) computations saved against no fusion at all / against owners not "
+            "merging queued requests; requests per computation = LAMP requests an owner answered with one "
+            "computation graph; owner lag = steps between the owners' weights and the step using their "
+            "answer; history age in steps.", "",
+            "| suite | dataset | layers | bandwidth | prefetch | fusion | grad | epoch s (distdgl / lamp) | "
+            "distdgl / lamp | owner wait ms | compute ms | fusion saved % (all / requests) | "
+            "requests per computation | owner lag mean / max | history age mean | test | net KB/batch |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
 def _bytes_vs_layers(ok: List[dict]) -> Dict[tuple, list]:
@@ -430,6 +482,64 @@ def plot_lamp_bytes(runs: List[dict], path: Path) -> Optional[Path]:
     ax.set_xlabel("layers")
     ax.set_ylabel("wire KB per batch beyond the all-reduce")
     return _finish(fig, ax, path)
+
+
+PHASES = ("sampling", "owner_wait", "compute", "allreduce", "history", "other")
+
+
+def _short(s: dict) -> str:
+    """A run's name in the breakdown: suite, dataset, and the lamp knobs that set it apart."""
+    text = f"{s['_rel'].split('/')[0]} {s.get('dataset')}"
+    if s.get("pipeline") == "lamp":
+        text += f" b{s.get('bits')}"
+        for key, tag in (("prefetch", "k"), ("fusion", "fusion=")):
+            if key in s:
+                text += f" {tag}{int(s[key]) if isinstance(s[key], bool) else s[key]}"
+    if bandwidth(s):
+        text += f" {bandwidth(s)}"
+    return text
+
+
+def breakdown_section(runs: List[dict]) -> List[str]:
+    """Per-batch time by phase (summary `time_per_batch_s`) for every run that has it."""
+    rows = [s for s in runs if s.get("status") == "ok" and s.get("time_per_batch_s")]
+    if not rows:
+        return []
+    out = ["## Where a batch's time goes", "",
+           "Milliseconds per batch and trainer, mean over trainers (degnn.metrics.PhaseTimer): sampling "
+           "= building the computation graph (distdgl: DGL's sampler and its RPCs), owner wait = blocked "
+           "on other machines' data (distdgl: the feature pull; lamp: the owners' answers), compute = "
+           "forward, backward and step without the all-reduce, history = lamp's history pushes, weight "
+           "shipping and halo sync, other = the rest of the epoch.", "",
+           "| run | " + " | ".join(PHASES) + " | total |", "|---|" + "---|" * (len(PHASES) + 1)]
+    for s in sorted(rows, key=lambda s: (s.get("dataset"), s.get("layers"), s["_rel"])):
+        t = s["time_per_batch_s"]
+        out.append(f"| {_short(s)} | " + " | ".join(fmt(1000 * t.get(p, 0.0), ".1f") for p in PHASES)
+                   + f" | {1000 * sum(t.values()):.1f} |")
+    return out + [""]
+
+
+def plot_breakdown(runs: List[dict], path: Path) -> Optional[Path]:
+    """One stacked bar per run: the per-batch time by phase."""
+    rows = sorted((s for s in runs if s.get("status") == "ok" and s.get("time_per_batch_s")),
+                  key=lambda s: (s.get("dataset"), s.get("layers"), s["_rel"]))
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows) + 2), 4.5))
+    bottom = [0.0] * len(rows)
+    for phase in PHASES:
+        vals = [1000 * s["time_per_batch_s"].get(phase, 0.0) for s in rows]
+        ax.bar(range(len(rows)), vals, bottom=bottom, label=phase.replace("_", " "))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_xticks(list(range(len(rows))))
+    ax.set_xticklabels([_short(s) for s in rows], rotation=35, ha="right", fontsize=7)
+    ax.set_ylabel("ms per batch (per trainer)")
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def plot_curves(runs: List[dict], path: Path) -> Optional[Path]:
@@ -490,6 +600,7 @@ def write_report(results: Path, title: str = "degnn benchmark") -> Path:
     lines += parity(runs)
     lines += tma_section(runs, results)
     lines += lamp_section(runs)
+    lines += lamp_ablations(runs)
     curves = plot_curves(runs, results / "curves.png")
     bytes_png = plot_bytes(runs, results / "bytes_per_batch.png")
     if curves:
@@ -499,6 +610,10 @@ def write_report(results: Path, title: str = "degnn benchmark") -> Path:
     lamp_png = plot_lamp_bytes(runs, results / "lamp_bytes_vs_layers.png")
     if lamp_png:
         lines += ["## LAMP: bytes per batch against layers", "", f"![lamp bytes]({lamp_png.name})", ""]
+    lines += breakdown_section(runs)
+    breakdown_png = plot_breakdown(runs, results / "time_breakdown.png")
+    if breakdown_png:
+        lines += [f"![time per batch by phase]({breakdown_png.name})", ""]
     report = results / "report.md"
     report.write_text("\n".join(lines) + "\n")
     return report

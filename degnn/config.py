@@ -134,6 +134,13 @@ class LAMPConfig(PipelineConfig):
     weight_sync_every: int = 1
     # stop: owner answers and history rows are constants for the backward pass (GAS semantics)
     grad: str = "stop"
+    # the asynchronous pipeline: the requests of batch i+prefetch are in flight while batch i
+    # trains (0 = synchronous); history pushes, weights and halo sync then run in the background
+    prefetch: int = 1
+    # two-level computation-graph fusion: each (node, layer) computed once per computation graph,
+    # and owners merge the LAMP requests queued for them into one graph (false: every path of
+    # every request computed on its own, for the ablation)
+    fusion: bool = True
 
 
 @dataclass

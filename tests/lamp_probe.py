@@ -93,8 +93,16 @@ def trainer(argv) -> int:
         out["answer_rows"] = int(h.shape[0])
         out["max_abs_diff"] = float((h - exact).abs().max())
         out["scale"] = float(exact.abs().max())
-        out["owner_nodes"] = res.computed
+        out["owner_nodes"] = res.counts[0]
         out["ages"] = list(res.ages)
+        # 5. grad=push: gradient rows for those roots reach the owner's copy of the lower layers
+        q = quantize(torch.ones(len(theirs), hidden), 32)
+        out["push_error"] = ask(S.GradPushRequest(theirs, q.codes, q.scale, q.offset))[1]
+        grads, out["pull_error"] = ask(S.GradPullRequest())
+        if grads is not None:
+            out["grad_rows"] = grads.rows
+            out["grad_names"] = grads.names
+            out["grad_norm"] = float(sum(t.norm() for t in grads.tensors))
     with open(os.path.join(run_dir, f"probe_rank{rank}.json"), "w") as f:
         json.dump(out, f)
     dist.barrier()

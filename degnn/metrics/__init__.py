@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Optional
 
@@ -32,6 +34,77 @@ class ByteCounter:
 
     def as_dict(self) -> Dict[str, int]:
         return dict(self.bytes)
+
+
+class PhaseTimer:
+    """Where a trainer's training time goes, in seconds summed over its batches, by phase:
+
+    * ``sampling``: building the batch's computation graph (distdgl: DGL's sampler, with its
+      sampling RPCs to other machines; lamp: the locality-aware graph on the trainer's partition
+      and sending the owners' requests);
+    * ``owner_wait``: blocked on data other machines hold (distdgl: the feature pull; lamp: the
+      owners' prepared hidden states and the local history rows not yet back);
+    * ``compute``: forward, backward and optimizer step, the all-reduce taken out;
+    * ``allreduce``: the gradient all-reduce (timed by a DDP communication hook, see
+      `timed_allreduce_hook`, so it includes waiting for the slowest trainer);
+    * ``history``: lamp's history pushes, weight shipping and halo sync (what the trainer spends
+      on them; with `pipeline.prefetch` > 0 their answers are collected later, in the background).
+
+    The summary reports each per batch, plus ``other`` (the rest of the epoch: progress bar,
+    loss.item, heartbeats)."""
+
+    PHASES = ("sampling", "owner_wait", "compute", "allreduce", "history")
+
+    def __init__(self):
+        self.total: Dict[str, float] = dict.fromkeys(self.PHASES, 0.0)
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.total[phase] += seconds
+
+    @contextmanager
+    def __call__(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.total[phase] += time.perf_counter() - t0
+
+
+def timed_allreduce_hook(timer: PhaseTimer):
+    """A DDP communication hook doing what DDP's default does (average the bucket over the ranks
+    with one all-reduce) and adding its time, from launch to completion, to `timer`'s
+    ``allreduce``. DDP waits for the returned future before backward() returns, so the time is in
+    by then."""
+    import torch.distributed as dist
+
+    def hook(_state, bucket):
+        t0 = time.perf_counter()
+        buf = bucket.buffer().div_(dist.get_world_size())
+        fut = dist.all_reduce(buf, async_op=True).get_future()
+
+        def done(f):
+            timer.add("allreduce", time.perf_counter() - t0)
+            return f.value()[0]
+
+        return fut.then(done)
+
+    return hook
+
+
+def breakdown_per_batch(ranks: list) -> Optional[Dict[str, float]]:
+    """Mean over trainers of each phase's seconds per batch (`ranks`: each trainer's
+    {"phases": PhaseTimer.total, "batches": n, "train_s": its training time}); ``other`` is
+    the training time no phase covers."""
+    rows = [r for r in ranks if r.get("batches")]
+    if not rows:
+        return None
+    out: Dict[str, float] = {}
+    for r in rows:
+        per = {k: v / r["batches"] for k, v in r["phases"].items()}
+        per["other"] = max(r["train_s"] / r["batches"] - sum(per.values()), 0.0)
+        for k, v in per.items():
+            out[k] = out.get(k, 0.0) + v / len(rows)
+    return {k: round(v, 5) for k, v in out.items()}
 
 
 def ring_allreduce_bytes(payload_bytes: int, world_size: int) -> int:

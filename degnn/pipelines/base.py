@@ -21,7 +21,8 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from degnn.metrics import WireCounter, append_curve, read_curve, write_curve, write_summary
+from degnn.metrics import (PhaseTimer, WireCounter, append_curve, breakdown_per_batch, read_curve,
+                           write_curve, write_summary)
 from degnn.runtime.checkpoint import (BEST_MODEL, CHECKPOINT, CheckpointError, check_resume,
                                       config_identity)
 
@@ -91,6 +92,9 @@ class Pipeline:
         self.batches = 0  # training steps taken by this trainer
         self.wire = WireCounter.from_env() if ctx.local_rank == 0 else WireCounter(None)
         self.wire_train_bytes = 0
+        # the per-batch time breakdown (summary: time_per_batch_s), over this run's epochs only
+        self.timer = PhaseTimer()
+        self.timed = {"batches": 0, "train_s": 0.0}
 
     # --- what each pipeline provides -------------------------------------------------------
     def setup(self) -> None:
@@ -230,6 +234,8 @@ class Pipeline:
                                            "wall_s": round(time.time() - wall0, 3)})
                 break  # the last checkpoint stays the last good state
             self.batches += nb
+            self.timed["batches"] += nb
+            self.timed["train_s"] += dt
             state["train_time_s"] += dt
             state["epoch_times"].append(dt)
             state["epoch"] = epoch
@@ -279,6 +285,7 @@ class Pipeline:
         """This trainer's part of the summary (added up over trainers by `_summary`)."""
         return {"bytes": self.ctx.counter.as_dict(), "batches": self.batches, "wire": self.wire_train_bytes,
                 "has_wire": self.wire.path is not None,
+                "timing": {"phases": dict(self.timer.total), **self.timed},
                 "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
 
     def gather_rank_stats(self) -> list:
@@ -319,6 +326,8 @@ class Pipeline:
             "net_bytes_train": int(wire) if on_netns else None,
             "net_bytes_per_batch": wire / batches if (on_netns and batches) else None,
             "net_bytes_total": None,  # filled in by the launcher from the veth counters
+            # seconds per batch by phase, mean over trainers (degnn.metrics.PhaseTimer)
+            "time_per_batch_s": breakdown_per_batch([r["timing"] for r in ranks if "timing" in r]),
             "peak_rss_mb_trainer": round(max(r["rss_mb"] for r in ranks), 1),
             "wall_s": round(state["wall_s"], 3),
             # a run whose processes fail never gets here (the launcher writes its summary); one

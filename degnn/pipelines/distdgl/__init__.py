@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from degnn.metrics import ring_allreduce_bytes
+from degnn.metrics import ring_allreduce_bytes, timed_allreduce_hook
 from degnn.models import build_model
 from degnn.pipelines.base import Pipeline
 from degnn.pipelines.evaluation import DistEvaluator, dataset_evaluator
@@ -70,6 +70,7 @@ class DistDGLPipeline(Pipeline):
         # Every forward goes through the DDP wrapper: calling submodules directly would skip
         # DDP's gradient hooks silently (docs/design.md, "Pitfalls the code relies on").
         self.ddp = DistributedDataParallel(self.model)
+        self.ddp.register_comm_hook(None, timed_allreduce_hook(self.timer))  # DDP's averaging, timed
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.train.lr,
                                           weight_decay=cfg.train.weight_decay)
         self.param_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -91,19 +92,30 @@ class DistDGLPipeline(Pipeline):
         world = self.ctx.world_size
         self.ddp.train()
         total, n = 0.0, 0
-        for input_nodes, seeds, blocks in self.loader:
+        timer = self.timer
+        batches = iter(self.loader)
+        while True:
+            with timer("sampling"):  # DGL's sampler, with its sampling RPCs to other machines
+                batch = next(batches, None)
+            if batch is None:
+                break
+            input_nodes, seeds, blocks = batch
             remote = self.pb.nid2partid(input_nodes) != self.pb.partid
             counter.add("sampling", sampling_bytes(remote, blocks))
             # remote feature rows: 8 bytes of id out, one feature row back
             counter.add("features", int(remote.sum()) * (self.feat_row_bytes + ID_BYTES))
-            x = g.ndata["feat"][input_nodes]
-            y = g.ndata["label"][seeds].long()
-            out = self.ddp(blocks, x)
-            loss = F.cross_entropy(out, y)
-            self.optimizer.zero_grad()
-            loss.backward()  # DDP all-reduces the gradients here
+            with timer("owner_wait"):  # the feature pull from the machines that own the rows
+                x = g.ndata["feat"][input_nodes]
+                y = g.ndata["label"][seeds].long()
+            with timer("compute"):
+                allreduce0 = timer.total["allreduce"]
+                out = self.ddp(blocks, x)
+                loss = F.cross_entropy(out, y)
+                self.optimizer.zero_grad()
+                loss.backward()  # DDP all-reduces the gradients here (timed by the hook)
+                self.optimizer.step()
+            timer.add("compute", allreduce0 - timer.total["allreduce"])
             counter.add("allreduce", ring_allreduce_bytes(self.param_bytes, world))
-            self.optimizer.step()
             loss_value = loss.item()
             total += loss_value
             n += 1

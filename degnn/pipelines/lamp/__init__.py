@@ -27,6 +27,18 @@ One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
    `sync_every` steps each machine pulls, from each owner, the history rows of its halo nodes
    written since the last sync (quantized as stored, with their stamps).
 
+5. The asynchronous pipeline (`pipeline.prefetch=k`, pipeline.py `pipelined`): steps 1-2 of
+   batch i+k run before batch i trains, so the owners prepare while the trainer computes; the
+   pushes, weights and halo sync of step 4 are sent without waiting and collected a step later.
+   Answers of several batches in flight are routed by sequence number (service.receive). What
+   this costs: the owners answer with weights up to k (+ weight_sync_every) steps older, and
+   history rows are up to k steps older; both are measured (`owner_version_lag_*`,
+   `history_age_*`).
+6. Two-level fusion (`pipeline.fusion`, graph.py, service.py): every computation graph is a
+   layered DAG, each (node, layer) computed once (level 2), and an owner merges every LAMP
+   request queued for it (other trainers', prefetched batches') into one graph (level 1).
+   fusion=false computes every path of every request on its own (graph.unfold), the ablation.
+
 Histories are initialised with one layer-wise inference pass (the evaluator's whole-graph pass
 computes every layer's output for every node). Evaluation is the evaluator's, as for distdgl.
 
@@ -36,8 +48,14 @@ Choices where the paper is silent (reference/degnn.md §6), and why:
   history at all (nothing to push or synchronise).
 * Owners answer per-root h^(L-1) (not per-seed partial sums): works for every aggregator
   (GAT too) and the bytes are |roots| x (d_h b/8 + 4), independent of L and lower fan-outs.
-* Gradient: stop (GAS). Push-pull (P3-style) gradients, request fusion and the asynchronous
-  pipeline are issue 9.
+* Gradient: stop (GAS, default) or push (P3-style, `pipeline.grad=push`): the trainer sends the
+  gradient rows of the owners' answers back (quantized like the answers); the owner recomputes
+  its graph below those roots with autograd (a fresh sample with its current weights: servers
+  keep no per-request autograd state) and keeps the lower layers' parameter gradients until its
+  machine's trainer pulls them (loopback, in the background) into its next all-reduce. So they
+  join one step late (or more), and only the owner machine's trainer's all-reduce carries them:
+  no parameter gradients on the wire. Running the owners' preparation in the trainer processes
+  instead of the graph servers (engine=trainer) is not implemented.
 * Owner-side computation runs in eval mode (no dropout): answers stand in for historical
   embeddings, which should be expectations.
 * Halo input features are replicated once at setup (counted in `setup_bytes`): block 0 of an
@@ -50,8 +68,9 @@ history_sync, allreduce. Loopback traffic to the machine's own server (weights, 
 setup) is reported apart in `local_bytes_by_category`: it never reaches the wire counters.
 
 Files: quantize.py (per-row quantization), history.py (the history tables), graph.py (the
-computation-graph builder), service.py (the requests the graph servers answer), pipeline.py
-(the trainer's loop). This package imports nothing heavy itself: graph servers import
+computation-graph builder, fusion counts and the unfolded graph), service.py (the requests the
+graph servers answer, request merging, the trainer's send/receive), pipeline.py (the trainer's
+loop: `train_epoch` -> `pipelined` -> `_issue` / `_complete`, then `_after_step`). This package imports nothing heavy itself: graph servers import
 service.py before `dgl.distributed.initialize` (degnn.runtime.services).
 """
 from __future__ import annotations

@@ -104,3 +104,73 @@ class LocalGraph:
             dsts[k], inners[k], leaves[k] = dst, inner_src, new_halo
             dst = inner_src
         return CompGraph(blocks, dsts, inners, leaves)
+
+
+# --- fusion (DEGNN's "two-level computation graph fusion") ----------------------------------------
+# Level 2, inside one computation graph: `build` makes a layered DAG, so each (node, layer) pair
+# is computed once however many paths reach it (DGL's blocks for distdgl dedupe per layer too).
+# Level 1, across requests: an owner merges the requests queued for it into one `build` (service.py).
+# `fusion_counts` says what each level saves; `unfold` is the graph without either (pipeline.fusion=
+# false): every path from a root computed on its own, the same sampled edges.
+
+def fusion_counts(cg: CompGraph, groups=None):
+    """(computed, separate, unfolded) (node, layer) computations of `cg`: as built; had each
+    group of roots (`groups`: positions among cg.dst[-1] of each merged request's roots, one
+    group when None) been built on its own over the same sampled edges (level-1 fusion off); had
+    every path been computed on its own, roots counted once per group (both levels off)."""
+    top = len(cg.dst[-1])
+    groups = [torch.arange(top)] if groups is None else list(groups)
+    mult = torch.zeros(top, dtype=torch.float64)  # paths from the roots to each node
+    mask = torch.zeros(top, len(groups), dtype=torch.float64)  # which groups reach each node
+    for j, g in enumerate(groups):
+        mult.index_add_(0, g, torch.ones(len(g), dtype=torch.float64))
+        mask[g, j] = 1.0
+    computed = separate = unfolded = 0.0
+    for k in range(len(cg.blocks) - 1, -1, -1):
+        computed += len(cg.dst[k])
+        separate += float((mask > 0).sum())
+        unfolded += float(mult.sum())
+        if k == 0:
+            break
+        src, dst = cg.blocks[k].edges()
+        n_inner = len(cg.inner_src[k])
+        m = torch.zeros(n_inner + len(cg.leaves[k]), dtype=torch.float64)
+        m[:len(mult)] += mult  # a destination's own value one layer down (dst first among sources)
+        m.index_add_(0, src.long(), mult[dst.long()])
+        r = torch.zeros(len(m), len(groups), dtype=torch.float64)
+        r[:len(mask)] += mask
+        r.index_add_(0, src.long(), mask[dst.long()])
+        mult, mask = m[:n_inner], r[:n_inner]  # the inner sources are the next block's destinations
+    return int(computed), int(separate), int(unfolded)
+
+
+def unfold(cg: CompGraph) -> CompGraph:
+    """The computation graph without fusion: a tree over the same sampled edges, in which a node
+    reached by several paths is computed once per path (its ids repeat among a block's
+    destinations). Same outputs as `cg`, in the same order."""
+    n = len(cg.blocks)
+    blocks, dsts, inners, leaves = [None] * n, [None] * n, [None] * n, [None] * n
+    inst = torch.arange(len(cg.dst[-1]))  # positions among cg.dst[k] of this block's destinations
+    for k in range(n - 1, -1, -1):
+        src, dst = (t.long() for t in cg.blocks[k].edges())
+        order = torch.argsort(dst, stable=True)
+        src, dst = src[order], dst[order]
+        deg = torch.bincount(dst, minlength=len(cg.dst[k]))
+        start = torch.cumsum(deg, 0) - deg
+        d = deg[inst]
+        seg = torch.repeat_interleave(torch.arange(len(inst)), d)  # edge -> destination instance
+        first = torch.cumsum(d, 0) - d
+        e = torch.repeat_interleave(start[inst] - first, d) + torch.arange(int(d.sum()))
+        s = src[e]  # source of each edge instance (position among cg's sources of block k)
+        n_inner = len(cg.inner_src[k])
+        is_inner = s < n_inner
+        inner_inst = torch.cat([inst, s[is_inner]])  # destinations first (their own value), then sources
+        leaf_inst = s[~is_inner] - n_inner
+        pos = torch.empty(len(s), dtype=torch.int64)
+        pos[is_inner] = len(inst) + torch.arange(int(is_inner.sum()))
+        pos[~is_inner] = len(inner_inst) + torch.arange(len(leaf_inst))
+        blocks[k] = dgl.create_block((pos, seg), num_src_nodes=len(inner_inst) + len(leaf_inst),
+                                     num_dst_nodes=len(inst))
+        dsts[k], inners[k], leaves[k] = cg.dst[k][inst], cg.inner_src[k][inner_inst], cg.leaves[k][leaf_inst]
+        inst = inner_inst  # cg.inner_src[k] == cg.dst[k-1]: the same positions one block down
+    return CompGraph(blocks, dsts, inners, leaves)

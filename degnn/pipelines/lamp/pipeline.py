@@ -1,7 +1,8 @@
 """The LAMP pipeline (trainer side); the design is described in degnn/pipelines/lamp/__init__.py."""
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from collections import deque
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import dgl
 import torch
@@ -10,19 +11,20 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from degnn.metrics import ring_allreduce_bytes
+from degnn.metrics import ring_allreduce_bytes, timed_allreduce_hook
 from degnn.models import build_model
 from degnn.pipelines.base import Pipeline
 from degnn.pipelines.distdgl import num_classes_of
 from degnn.pipelines.evaluation import DistEvaluator, dataset_evaluator
-from degnn.pipelines.lamp.graph import CompGraph, LocalGraph
+from degnn.pipelines.lamp.graph import CompGraph, LocalGraph, fusion_counts, unfold
 from degnn.pipelines.lamp.history import ages_summary
 from degnn.pipelines.lamp.quantize import QRows, check_bits, dequantize, quantize
-from degnn.pipelines.lamp.service import (HistoryPullRequest, HistoryPushRequest, LampRequest,
-                                          LampSetupRequest, SetWeightsRequest, call, payload_bytes,
-                                          receive, send, servers_of)
+from degnn.pipelines.lamp.service import (AckResponse, GradPullRequest, GradPushRequest, HistoryPullRequest,
+                                          HistoryPushRequest, LampRequest, LampSetupRequest,
+                                          SetWeightsRequest, call, payload_bytes, receive, send,
+                                          servers_of)
 
-GRAD_MODES = ("stop",)
+GRAD_MODES = ("stop", "push")
 
 
 class LampNet(nn.Module):
@@ -46,11 +48,45 @@ def check_lamp_config(pcfg, model_cfg) -> None:
     check_bits(int(pcfg.bits))
     if pcfg.grad not in GRAD_MODES:
         raise ValueError(f"pipeline.grad={pcfg.grad}: this version implements {', '.join(GRAD_MODES)} "
-                         f"(owner answers are constants, GAS semantics); push-pull gradients are issue 9")
+                         f"(stop: owner answers are constants, GAS semantics; push: their gradients go back to the "
+                         f"owners, P3-style)")
     if model_cfg.layers < 2:
         raise ValueError("pipeline=lamp needs model.layers >= 2 (with one layer there is nothing to prepare)")
     if pcfg.sync_every < 1 or pcfg.weight_sync_every < 1:
         raise ValueError("pipeline.sync_every and pipeline.weight_sync_every must be >= 1")
+    if pcfg.prefetch < 0:
+        raise ValueError(f"pipeline.prefetch must be >= 0 (batches whose requests are in flight ahead), "
+                         f"got {pcfg.prefetch}")
+
+
+def pipelined(items: list, k: int, issue, complete, timer):
+    """Yield (issued, complete(issued)) for every item, in order, keeping the items up to i+k
+    issued before item i is completed (k = 0: issue, complete, one after the other). `timer`
+    (PhaseTimer) takes the issuing as ``sampling`` and the completing as ``owner_wait``."""
+    inflight: deque = deque()
+    for i in range(len(items)):
+        with timer("sampling"):
+            while len(inflight) <= k and i + len(inflight) < len(items):
+                inflight.append(issue(items[i + len(inflight)]))
+        b = inflight.popleft()
+        with timer("owner_wait"):
+            done = complete(b)
+        yield b, done
+
+
+class Batch(NamedTuple):
+    """One batch between its requests going out (`_issue`) and its answers coming back
+    (`_complete`): the seeds, the trainer's computation graph, and what is in flight for it."""
+    seeds: torch.Tensor
+    cg: CompGraph
+    top_gid: torch.Tensor       # the top block's leaves (roots at their owners), global ids
+    masks: list                 # per LAMP request: which of top_gid it asked for
+    lamp: list                  # (server, LampRequest)
+    pull: Optional[HistoryPullRequest]  # this machine's history rows for the middle blocks
+    pending: dict               # service.send's map: the LAMP requests, then the pull
+    top_rows: Optional[torch.Tensor]  # fusion=false: which answer each (repeated) top leaf takes
+    x: torch.Tensor             # input features of the trainer's own nodes (local shared memory)
+    x_leaves: torch.Tensor      # the halo leaves' input features (the setup replica)
 
 
 class LAMPPipeline(Pipeline):
@@ -83,6 +119,7 @@ class LAMPPipeline(Pipeline):
         self.model = build_model(cfg.model, in_dim, self.num_classes)
         torch.manual_seed(cfg.train.seed + ctx.rank)
         self.ddp = DistributedDataParallel(LampNet(self.model))
+        self.ddp.register_comm_hook(None, timed_allreduce_hook(self.timer))  # DDP's averaging, timed
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.train.lr,
                                           weight_decay=cfg.train.weight_decay)
         self.param_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -96,6 +133,8 @@ class LAMPPipeline(Pipeline):
         if not torch.equal(self.pb.nid2localnid(self.lg.nid[inner], self.me).long(), inner):
             raise RuntimeError("pipeline=lamp: local ids of the partition graph and of the KVStore differ")
         self.local_feat = g.ndata["feat"].local_partition  # own nodes' rows, by local id
+        # labels by local id too: no DGL RPC may run while LAMP answers are in flight (service.receive)
+        self.local_label = g.ndata["label"].local_partition
         halo = torch.nonzero(~self.lg.inner).flatten()
         halo_gid = self.lg.nid[halo]
         self.halo_x = torch.zeros(self.lg.num_nodes, in_dim)
@@ -116,7 +155,20 @@ class LAMPPipeline(Pipeline):
         self.local_bytes: Dict[str, int] = {}
         self.setup_bytes = (len(halo_gid) * (8 + in_dim * 4)) if self.leader else 0
         self.ages = [0, 0, 0]  # sum, count, max of ages of history rows used (here and at owners)
-        self.stats = {"roots": 0, "rounds": 0, "owner_nodes": 0, "cg_nodes": 0}
+        self.stats = {"roots": 0, "rounds": 0, "owner_nodes": 0, "cg_nodes": 0, "answers": 0,
+                      "lag_sum": 0, "lag_max": 0, "merged": 0, "computations": 0, "grad_rows": 0,
+                      "owner_grad_rows": 0}
+        # (node, layer) computations: done, had requests not been merged, had nothing been fused
+        # (trainer and owners; graph.fusion_counts)
+        self.fusion = [0, 0, 0]
+        self.prefetch, self.fused = int(pcfg.prefetch), bool(pcfg.fusion)
+        self.background: List[dict] = []  # pending maps of history and weight traffic
+        self.sync_pending = None  # a halo sync whose answers are not yet stored
+        # grad=push: parameter gradients the owners of this machine computed from other trainers'
+        # pushed rows (pulled from the local servers in the background), added before the next backward
+        self.push = pcfg.grad == "push"
+        self.owner_grads: Dict[str, torch.Tensor] = {}
+        self.grad_pull = None
         self.step = 0
         self.last_sync = 0
         self.weights_version = -1
@@ -124,7 +176,8 @@ class LAMPPipeline(Pipeline):
         if self.leader:
             meta = dict(kind=cfg.model.name, in_dim=in_dim, hidden=cfg.model.hidden, out_dim=self.num_classes,
                         layers=self.L, dropout=float(cfg.model.dropout), heads=cfg.model.heads,
-                        fanouts=self.fanouts, bits=self.bits, seed=int(cfg.train.seed) + self.me)
+                        fanouts=self.fanouts, bits=self.bits, seed=int(cfg.train.seed) + self.me,
+                        fusion=bool(pcfg.fusion))
             self._local_call("setup", [LampSetupRequest(meta, halo, self.halo_x[halo],
                                                             torch.nonzero(self.boundary).flatten())])
         dist.barrier()
@@ -173,40 +226,62 @@ class LAMPPipeline(Pipeline):
         self.weights_version = self.step
 
     def _sync_histories(self) -> None:
-        """Pull the rows of this machine's halo nodes that their owners wrote since the last
-        sync and store them locally. The margin: trainers can be a step apart, and an owner's
-        server stamps what it computes with the version of its weights, up to weight_sync_every
-        steps old."""
-        since = max(self.last_sync - 2 - int(self.cfg.pipeline.weight_sync_every), 0)
+        """Ask each owner for the rows of this machine's halo nodes written since the last sync
+        (stored when the answers are back: `_store_sync`, at once or, with prefetch, next step).
+        The margin: trainers can be a step apart, and an owner's server stamps what it computes
+        with the version of its weights, up to weight_sync_every (+ prefetch) steps old."""
+        since = max(self.last_sync - 2 - int(self.cfg.pipeline.weight_sync_every) - self.prefetch, 0)
         layers = list(range(1, self.L - 1))
         if not layers:  # two layers: no history is ever read
             return
         pairs, order = [], []
         for m, (_, gids) in self.halo_by_owner.items():
-            pairs.append((servers_of(m)[0], HistoryPullRequest(layers, [], gids, True, since)))
-            order.append(m)
-        res = call(pairs)
+            # every server of the owner: each writes back what it prepared (servers_per_machine > 1)
+            for server in servers_of(m):
+                pairs.append((server, HistoryPullRequest(layers, [], gids, True, since)))
+                order.append(m)
         self.stats["rounds"] += 1 if pairs else 0
-        pushes = []
+        self.sync_pending = (pairs, order, layers, send(pairs))
+        self.last_sync = self.step
+
+    def _store_sync(self) -> None:
+        """Store the answers of the halo sync in flight in this machine's servers' histories."""
+        if self.sync_pending is None:
+            return
+        pairs, order, layers, pending = self.sync_pending
+        self.sync_pending = None
+        res = receive(pending)
+        rows: Dict[tuple, list] = {}  # (owner, layer) -> [(local ids, QRows, stamps)], one per server
         for (_, req), r, m in zip(pairs, res, order):
             self.ctx.counter.add("history_sync", payload_bytes(req) + payload_bytes(r))
             local_ids = self.halo_by_owner[m][0]
             n = len(local_ids)
             for i, layer in enumerate(layers):
-                mine = (r.sel >= i * n) & (r.sel < (i + 1) * n)
-                if not bool(mine.any()):
-                    continue
-                idx = torch.nonzero(mine).flatten()
-                q = QRows(r.codes[idx], r.scale[idx] if len(r.scale) else r.scale,
-                          r.offset[idx] if len(r.offset) else r.offset)
-                pushes.append(HistoryPushRequest(layer, local_ids[r.sel[idx] - i * n], q.codes, q.scale,
-                                                 q.offset, r.stamp[idx]))
+                idx = torch.nonzero((r.sel >= i * n) & (r.sel < (i + 1) * n)).flatten()
+                if len(idx):
+                    rows.setdefault((m, layer), []).append((local_ids[r.sel[idx] - i * n], QRows(
+                        r.codes[idx], r.scale[idx] if len(r.scale) else r.scale,
+                        r.offset[idx] if len(r.offset) else r.offset), r.stamp[idx]))
+        pushes = []
+        for (m, layer), parts in rows.items():
+            ids, stamp = torch.cat([p[0] for p in parts]), torch.cat([p[2] for p in parts])
+            q = [torch.cat([p[1][j] for p in parts]) for j in range(3)]
+            if len(parts) > 1:  # a node written by several servers of its owner: the newest row
+                order_ = torch.argsort(stamp, descending=True, stable=True)
+                uniq, inv = torch.unique(ids[order_], return_inverse=True)
+                first = torch.full((len(uniq),), len(inv), dtype=torch.int64).scatter_reduce(
+                    0, inv, torch.arange(len(inv)), "amin")
+                keep = order_[first]
+                ids, stamp = ids[keep], stamp[keep]
+                q = [t[keep] if len(t) else t for t in q]
+            pushes.append(HistoryPushRequest(layer, ids, q[0], q[1], q[2], stamp))
         if pushes:
-            self._local_call("history_sync_store", pushes)
-        self.last_sync = self.step
+            self._send_local("history_sync_store", pushes)
 
     # --- one batch ------------------------------------------------------------------------
-    def _batch(self, seeds: torch.Tensor):
+    def _issue(self, seeds: torch.Tensor) -> Batch:
+        """Build the batch's computation graph and send its requests (LAMP to the owners, the
+        history rows of the middle blocks to this machine's server); nothing is waited for."""
         lg, L = self.lg, self.L
         # the top block first: its leaves (the seeds' remote neighbours) go to their owners at
         # once, and the owners prepare them while this trainer builds the rest of its graph
@@ -223,93 +298,200 @@ class LAMPPipeline(Pipeline):
         low = lg.build(top.inner_src[0], self.fanouts[:L - 1])
         cg = CompGraph(low.blocks + top.blocks, low.dst + top.dst, low.inner_src + top.inner_src,
                        low.leaves + top.leaves)
+        counts = fusion_counts(cg)
+        top_rows = None
+        if not self.fused:
+            counts = (counts[2],) * 3  # the unfolded graph is computed: nothing saved
+            tree = unfold(cg)  # its top leaves repeat: one per path, each takes its root's answer
+            pos = torch.full((lg.num_nodes,), -1, dtype=torch.int64)
+            pos[cg.leaves[-1]] = torch.arange(len(cg.leaves[-1]))
+            cg, top_rows = tree, pos[tree.leaves[-1]]
+        for i in range(3):
+            self.fusion[i] += counts[i]
         mids = list(range(1, L - 1))
         pull = None
         if mids:
             pull = HistoryPullRequest(mids, [len(cg.leaves[k]) for k in mids], torch.cat([cg.leaves[k] for k in mids]))
             send([(self.local_servers[0], pull)], pending)
-        x = self.local_feat[cg.inner_src[0]].float()
-        leaves = [self.halo_x[cg.leaves[0]]]
-        res = receive(pending)
+        self.stats["roots"] += len(top_gid)
+        self.stats["rounds"] += 1 if lamp else 0
         self.stats["cg_nodes"] += cg.num_nodes
-        top_h = torch.zeros(len(top_gid), self.cfg.model.hidden)
-        ages = []
-        for (_, req), r, mask in zip(lamp, res, masks):
+        # the local gathers here, not in _complete: owner_wait then measures only the owners
+        x = self.local_feat[cg.inner_src[0]].float()
+        return Batch(seeds, cg, top_gid, masks, lamp, pull, pending, top_rows, x, self.halo_x[cg.leaves[0]])
+
+    def _complete(self, b: Batch):
+        """Wait for the batch's answers; returns (cg, input features, leaf rows per block)."""
+        cg, x, leaves = b.cg, b.x, [b.x_leaves]
+        res = receive(b.pending)
+        hidden = self.cfg.model.hidden
+        top_h = torch.zeros(len(b.top_gid), hidden)
+        for (_, req), r, mask in zip(b.lamp, res, b.masks):
             self.ctx.counter.add("lamp_request", payload_bytes(req))
             self.ctx.counter.add("lamp_response", payload_bytes(r))
-            top_h[mask] = dequantize(QRows(r.codes, r.scale, r.offset), self.bits, top_h.shape[1])
+            top_h[mask] = dequantize(QRows(r.codes, r.scale, r.offset), self.bits, hidden)
             self.ages[0] += r.ages[0]
             self.ages[1] += r.ages[1]
             self.ages[2] = max(self.ages[2], r.ages[2])
-            self.stats["owner_nodes"] += r.computed
-        self.stats["roots"] += len(top_gid)
-        self.stats["rounds"] += 1 if lamp else 0
-        if pull is not None:
+            # model version lag of the answer: steps between the owner's weights and this step
+            lag = self.step - r.version
+            self.stats["answers"] += 1
+            self.stats["lag_sum"] += lag
+            self.stats["lag_max"] = max(self.stats["lag_max"], lag)
+            computed, separate, unfolded, merged = r.counts
+            self.stats["owner_nodes"] += computed
+            self.stats["merged"] += merged
+            self.stats["computations"] += 1 if merged else 0
+            self.fusion[0] += computed
+            self.fusion[1] += separate
+            self.fusion[2] += unfolded
+        if b.pull is not None:
             r = res[-1]
-            self._local("history_pull", payload_bytes(pull) + payload_bytes(r))
-            rows = dequantize(QRows(r.codes, r.scale, r.offset), self.bits, top_h.shape[1])
-            ages.append(self.step - r.stamp)
-            leaves += list(torch.split(rows, [len(cg.leaves[k]) for k in mids]))
-        leaves.append(top_h)
-        s, c, mx = ages_summary(ages)
-        self.ages[0] += s
-        self.ages[1] += c
-        self.ages[2] = max(self.ages[2], mx)
-        return cg, x, leaves
+            self._local("history_pull", payload_bytes(b.pull) + payload_bytes(r))
+            rows = dequantize(QRows(r.codes, r.scale, r.offset), self.bits, hidden)
+            s, c, mx = ages_summary([self.step - r.stamp])
+            self.ages[0] += s
+            self.ages[1] += c
+            self.ages[2] = max(self.ages[2], mx)
+            leaves += list(torch.split(rows, [len(cg.leaves[k]) for k in range(1, self.L - 1)]))
+        if self.push:
+            top_h.requires_grad_(True)  # its gradient goes back to the owners
+        leaves.append(top_h if b.top_rows is None else top_h[b.top_rows])
+        return cg, x, leaves, top_h
 
     def batches_per_epoch(self) -> Optional[int]:
         return self.num_batches
 
     def train_epoch(self, epoch: int, progress) -> Tuple[float, int]:
-        cfg, counter = self.cfg, self.ctx.counter
+        """The asynchronous pipeline: the requests of batch i+k (k = pipeline.prefetch) are in
+        flight while batch i trains; batches are trained in the order drawn. With k > 0, history
+        pushes, weight shipping and the halo sync are sent without waiting, and their answers
+        collected a step later (a server handles one connection's requests in order, so a later
+        request still sees an earlier push). Nothing is in flight between epochs."""
+        counter, timer = self.ctx.counter, self.timer
         world = self.ctx.world_size
         self.step = self.batches
         self._ship_weights()  # (after a resume the servers hold the initial weights)
         self.ddp.train()
         total, n = 0.0, 0
         order = self.train_nids[torch.randperm(len(self.train_nids))]
-        for seeds in torch.tensor_split(order, self.num_batches):
-            cg, x, leaves = self._batch(seeds)
-            y = self.ctx.graph.ndata["label"][seeds].long()
-            out, hidden = self.ddp(cg.blocks, x, leaves)
-            loss = F.cross_entropy(out, y)
-            self.optimizer.zero_grad()
-            loss.backward()  # DDP all-reduces the gradients of the trainer's own sub-graph
+        seeds_of = list(torch.tensor_split(order, self.num_batches))
+        for b, (cg, x, leaves, top_h) in pipelined(seeds_of, self.prefetch, self._issue, self._complete, timer):
+            y = self.local_label[self.pb.nid2localnid(b.seeds, self.me).long()].long()
+            with timer("compute"):
+                allreduce0 = timer.total["allreduce"]
+                out, hidden = self.ddp(cg.blocks, x, leaves)
+                loss = F.cross_entropy(out, y)
+                self.optimizer.zero_grad()
+                if self.push:  # the owners' gradients join this step's all-reduce (DDP sums into .grad)
+                    self._apply_owner_grads()
+                loss.backward()  # DDP all-reduces the gradients of the trainer's own sub-graph
+                self.optimizer.step()
+            timer.add("compute", allreduce0 - timer.total["allreduce"])
             counter.add("allreduce", ring_allreduce_bytes(self.param_bytes, world))
-            self.optimizer.step()
-            pushes = []
-            for k, h in enumerate(hidden[:self.L - 2]):  # fresh h^(1..L-2) of the batch's boundary nodes
-                keep = self.boundary[cg.dst[k]]
-                if bool(keep.any()):
-                    pushes.append(self._push(k + 1, cg.dst[k][keep], h[keep], self.step))
-            self.step += 1
-            if self.step % cfg.pipeline.weight_sync_every == 0 and self.leader:
-                state = {k: v.detach() for k, v in self.model.state_dict().items()
-                         if not k.startswith(f"layers.{self.L - 1}.")}
-                pushes.append(SetWeightsRequest(self.step, list(state), list(state.values())))
-                self.weights_version = self.step
-            self._local_call_mixed(pushes)
-            if self.step % cfg.pipeline.sync_every == 0 and self.leader:
-                self._sync_histories()
-            total += loss.item()
+            with timer("history"):
+                if self.push:
+                    self._push_grads(b, top_h.grad)
+                self._after_step(cg, hidden)
+            loss_value = loss.item()
+            total += loss_value
             n += 1
+            self.ctx.heartbeat.beat()
             if progress is not None:
                 progress.update(1)
-                progress.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+                progress.set_postfix(loss=f"{loss_value:.3f}", refresh=False)
+        with timer("history"):
+            self._drain_background()
+            # every trainer has its answers: every server's sends of this epoch are done before any
+            # machine reads its wire counters (the epoch's window, base.run)
+            dist.barrier()
         return (total / n if n else float("nan")), n
 
-    def _local_call_mixed(self, requests: list) -> None:
-        pairs = [(s, r) for r in requests for s in self.local_servers]
+    def _after_step(self, cg: CompGraph, hidden: List[torch.Tensor]) -> None:
+        """History pushes of the batch's fresh rows, the weights every weight_sync_every steps,
+        the halo sync every sync_every steps; waited for at once with prefetch 0, else in the
+        background (collected at the next step)."""
+        cfg = self.cfg
+        self._drain_background()
+        pushes = []
+        for k, h in enumerate(hidden[:self.L - 2]):  # fresh h^(1..L-2) of the batch's boundary nodes
+            keep = self.boundary[cg.dst[k]]
+            if bool(keep.any()):
+                pushes.append(self._push(k + 1, cg.dst[k][keep], h[keep], self.step))
+        # own rows are read only by other machines' halo sync, which asks every server of this
+        # machine: one copy is enough (the halo rows and the weights go to every server)
+        self._send_local(None, pushes, self.local_servers[:1])
+        pushes = []
+        self.step += 1
+        if self.step % cfg.pipeline.weight_sync_every == 0 and self.leader:
+            state = {k: v.detach() for k, v in self.model.state_dict().items()
+                     if not k.startswith(f"layers.{self.L - 1}.")}
+            pushes.append(SetWeightsRequest(self.step, list(state), list(state.values())))
+            self.weights_version = self.step
+        self._send_local(None, pushes)
+        if self.step % cfg.pipeline.sync_every == 0 and self.leader:
+            self._sync_histories()
+        if self.push and self.grad_pull is None:  # what the owners here computed for other trainers
+            pairs = [(srv, GradPullRequest()) for srv in self.local_servers]
+            for _, r in pairs:
+                self._local("grad_pull", payload_bytes(r))
+            self.grad_pull = send(pairs)
+        if self.prefetch == 0:
+            self._drain_background()
+
+    def _push_grads(self, b: Batch, grad: Optional[torch.Tensor]) -> None:
+        """grad=push: each owner gets the gradient rows of the roots it answered (quantized like
+        the answers; the acks are collected in the background)."""
+        if grad is None:
+            return
+        for (server, req), mask in zip(b.lamp, b.masks):
+            q = quantize(grad[mask], self.bits)
+            push = GradPushRequest(req.roots, q.codes, q.scale, q.offset)
+            self.ctx.counter.add("grad_push", payload_bytes(push) + payload_bytes(AckResponse()))
+            self.background.append(send([(server, push)]))
+        self.stats["grad_rows"] += len(grad)
+        self.stats["rounds"] += 1 if b.lamp else 0  # a second round to the owners per batch
+
+    def _collect_owner_grads(self) -> None:
+        if self.grad_pull is None:
+            return
+        for r in receive(self.grad_pull):
+            for name, t in zip(r.names, r.tensors):
+                self.owner_grads[name] = self.owner_grads[name] + t if name in self.owner_grads else t
+            self.stats["owner_grad_rows"] += r.rows
+        self.grad_pull = None
+
+    def _apply_owner_grads(self) -> None:
+        self._collect_owner_grads()
+        params = dict(self.model.named_parameters())
+        for name, t in self.owner_grads.items():
+            params[name].grad = t.clone()
+        self.owner_grads = {}
+
+    def _send_local(self, category: Optional[str], requests: list, servers: Optional[list] = None) -> None:
+        """Send requests to every graph server of this machine (or to `servers`);
+        `_drain_background` collects the acks."""
+        pairs = [(s, r) for r in requests for s in (servers or self.local_servers)]
         for _, r in pairs:
-            self._local("weights" if isinstance(r, SetWeightsRequest) else "history_push", payload_bytes(r))
-        call(pairs)
+            cat = category or ("weights" if isinstance(r, SetWeightsRequest) else "history_push")
+            self._local(cat, payload_bytes(r))
+        if pairs:
+            self.background.append(send(pairs))
+
+    def _drain_background(self) -> None:
+        """Collect everything sent in the background: the halo sync's answers (then stored) and
+        the acks of pushes and weights."""
+        self._store_sync()
+        self._collect_owner_grads()
+        while self.background:
+            receive(self.background.pop(0))
 
     def evaluate(self) -> Tuple[float, float]:
         return self.evaluator()
 
     def extra_summary(self):
         mine = {"ages": self.ages, "stats": self.stats, "local": self.local_bytes, "setup": self.setup_bytes,
-                "batches": self.batches}
+                "batches": self.batches, "fusion": self.fusion}
         ranks = [None] * self.ctx.world_size
         dist.all_gather_object(ranks, mine)
         batches = sum(r["batches"] for r in ranks) or 1
@@ -320,9 +502,28 @@ class LAMPPipeline(Pipeline):
             for k, v in r["local"].items():
                 local[k] = local.get(k, 0) + v
         stat = {k: sum(r["stats"][k] for r in ranks) for k in self.stats}
+        done, separate, unfolded = (sum(r["fusion"][i] for r in ranks) for i in range(3))
         p = self.cfg.pipeline
         return {"fanouts": self.fanouts, "num_classes": self.num_classes, "bits": self.bits,
                 "grad": p.grad, "sync_every": p.sync_every, "weight_sync_every": p.weight_sync_every,
+                "prefetch": int(p.prefetch), "fusion": bool(p.fusion),
+                # staleness the pipeline adds: steps between the owners' weights and the step that
+                # uses their answer (at most prefetch + weight_sync_every, +1 as trainers may be a
+                # step apart)
+                "owner_version_lag_mean": stat["lag_sum"] / stat["answers"] if stat["answers"] else None,
+                "owner_version_lag_max": max(r["stats"]["lag_max"] for r in ranks),
+                # (node, layer) computations per batch, trainer and owners: done, and the share saved
+                # against no fusion at all and against owners not merging queued requests
+                # (graph.fusion_counts)
+                "nodes_computed_per_batch": done / batches,
+                "fusion_saved_share": 1 - done / unfolded if unfolded else 0.0,
+                "fusion_saved_share_requests": 1 - done / separate if separate else 0.0,
+                "owner_requests_per_computation": (stat["merged"] / stat["computations"]
+                                                   if stat["computations"] else None),
+                # grad=push: gradient rows sent to owners, and rows whose parameter gradients the
+                # owners handed to their machine's trainer (one step or more later)
+                "grad_rows_pushed_per_batch": stat["grad_rows"] / batches,
+                "owner_grad_rows_joined_per_batch": stat["owner_grad_rows"] / batches,
                 "history_age_mean": age_sum / age_cnt if age_cnt else None,
                 "history_age_max": max(r["ages"][2] for r in ranks),
                 "history_rows_used_per_batch": age_cnt / batches,

@@ -28,8 +28,10 @@ import dgl
 import torch
 from dgl.distributed import rpc
 
-ID_SETUP, ID_WEIGHTS, ID_PUSH, ID_PULL, ID_LAMP = 7710, 7711, 7712, 7713, 7714
+ID_SETUP, ID_WEIGHTS, ID_PUSH, ID_PULL, ID_LAMP, ID_GRAD, ID_GRAD_PULL = 7710, 7711, 7712, 7713, 7714, 7715, 7716
 MSG_OVERHEAD = 64  # DGL RPC message header (ids, sizes) beyond the pickled fields and the tensors
+# how long a server polls its queue for more requests to merge (ms; DGL's smallest timeout)
+DRAIN_POLL_MS = 1
 
 
 class LampServiceError(RuntimeError):
@@ -52,6 +54,8 @@ class _ServerState:
         self.feat = None
         self.boundary = None
         self.gen = torch.Generator().manual_seed(0)
+        self.grads = {}  # grad=push: parameter gradients from pushed rows, not yet pulled
+        self.grad_rows = 0
 
 
 STATE = _ServerState()
@@ -100,23 +104,28 @@ class AckResponse(rpc.Response):
 
 class RowsResponse(rpc.Response):
     """Quantized rows (codes, scale, offset), their stamps, which request rows they are (`sel`,
-    empty = all, in order) and, for Lamp, the ages of the history rows the server used."""
+    empty = all, in order) and, for Lamp, the ages of the history rows the server used, the
+    version of the weights it computed with, and `counts` of (node, layer) computations
+    (computed, without request fusion, without any fusion: see graph.fusion_counts) plus the
+    number of requests answered by that one computation. A computation shared by several requests
+    reports its ages and counts in one answer only (the others carry zeros)."""
 
     def __init__(self, codes=None, scale=None, offset=None, stamp=None, sel=None, ages=(0, 0, 0),
-                 computed: int = 0, error: str = ""):
+                 version: int = -1, counts=(0, 0, 0, 0), error: str = ""):
         e = torch.empty(0)
         self.codes = e if codes is None else codes
         self.scale = e if scale is None else scale
         self.offset = e if offset is None else offset
         self.stamp = torch.empty(0, dtype=torch.int64) if stamp is None else stamp
         self.sel = torch.empty(0, dtype=torch.int64) if sel is None else sel
-        self.ages, self.computed, self.error = tuple(ages), computed, error
+        self.ages, self.version, self.counts, self.error = tuple(ages), version, tuple(counts), error
 
     def __getstate__(self):
-        return self.codes, self.scale, self.offset, self.stamp, self.sel, self.ages, self.computed, self.error
+        return (self.codes, self.scale, self.offset, self.stamp, self.sel, self.ages, self.version, self.counts,
+                self.error)
 
     def __setstate__(self, state):
-        (self.codes, self.scale, self.offset, self.stamp, self.sel, self.ages, self.computed,
+        (self.codes, self.scale, self.offset, self.stamp, self.sel, self.ages, self.version, self.counts,
          self.error) = state
 
 
@@ -267,7 +276,13 @@ class HistoryPullRequest(_Guarded):
 class LampRequest(_Guarded):
     """Prepare h^(L-1) of `roots` (global ids this machine owns): locality-aware computation graph
     of layers 1..L-1 below them, halo leaves from the histories, the server's model replica; fresh
-    rows of owned nodes are written back to the histories. Answered quantized, in root order."""
+    rows of owned nodes are written back to the histories. Answered quantized, in root order.
+
+    Request fusion (`fusion` in the setup meta): before computing, the server takes every request
+    already queued for it (DGL's loop would serve them one by one); the LAMP requests among them
+    (other trainers', prefetched batches') are merged into this one computation graph (roots
+    deduplicated, shared sub-graphs computed once) and each is answered its own rows; any other
+    request is processed at once, in arrival order, as the loop would."""
     response_cls = RowsResponse
 
     def __init__(self, roots: torch.Tensor, version: int):
@@ -288,24 +303,85 @@ class LampRequest(_Guarded):
         if STATE.version < 0:
             raise RuntimeError("LAMP request before any SetWeights: the server has no model weights")
         pb = server_state.partition_book
-        roots = self.roots.long()
-        if len(roots) and not bool((pb.nid2partid(roots) == pb.partid).all()):
-            raise ValueError("LAMP roots must be nodes this machine owns")
-        local = pb.nid2localnid(roots, pb.partid).long()
-        h, ages, computed = prepare(STATE.lg, STATE.model, STATE.feat, STATE.halo_x, STATE.history,
-                                    local, STATE.meta["fanouts"][:-1], STATE.version, STATE.boundary)
-        q = quantize(h, STATE.meta["bits"], generator=STATE.gen)
-        return RowsResponse(q.codes, q.scale, q.offset, sel=None, ages=ages_summary(ages), computed=computed)
+        mine = rpc.get_msg_seq()  # the loop answers this request with the sequence number set now
+        merged = [(self, None)] + (_drain(server_state) if STATE.meta.get("fusion", True) else [])
+        groups = []
+        for req, _ in merged:
+            roots = req.roots.long()
+            if len(roots) and not bool((pb.nid2partid(roots) == pb.partid).all()):
+                if req is self:
+                    raise ValueError("LAMP roots must be nodes this machine owns")
+                _answer(req, RowsResponse(error="LampRequest on server: ValueError: LAMP roots must be nodes "
+                                                "this machine owns"))
+                continue
+            groups.append((req, pb.nid2localnid(roots, pb.partid).long()))
+        local, inverse = torch.unique(torch.cat([g for _, g in groups]), return_inverse=True)
+        h, ages, counts = prepare(STATE.lg, STATE.model, STATE.feat, STATE.halo_x, STATE.history, local,
+                                  STATE.meta["fanouts"][:-1], STATE.version, STATE.boundary,
+                                  fusion=STATE.meta.get("fusion", True),
+                                  groups=torch.split(inverse, [len(g) for _, g in groups]))
+        answers, first = [], True
+        for (req, _), idx in zip(groups, torch.split(inverse, [len(g) for _, g in groups])):
+            q = quantize(h[idx], STATE.meta["bits"], generator=STATE.gen)
+            answers.append(RowsResponse(q.codes, q.scale, q.offset, sel=None, version=STATE.version,
+                                        ages=ages_summary(ages) if first else (0, 0, 0),
+                                        counts=tuple(counts) + (len(groups),) if first else (0, 0, 0, 0)))
+            first = False
+        own = None
+        for (req, _), res in zip(groups, answers):
+            if req is self:
+                own = res
+            else:
+                _answer(req, res)
+        rpc.set_msg_seq(mine)
+        return own
+
+
+def _drain(server_state) -> list:
+    """The requests already queued for this server: LAMP requests are returned (with where to
+    answer them) for merging; any other one is processed and answered at once."""
+    out = []
+    while True:
+        req, client, group = rpc.recv_request(DRAIN_POLL_MS)
+        if req is None:
+            return out
+        req._reply_to = (rpc.get_msg_seq(), client, group)
+        if isinstance(req, LampRequest):
+            out.append((req, req._reply_to))
+            continue
+        res = req.process_request(server_state)  # as DGL's server loop would (rpc_server.py)
+        if isinstance(res, list):
+            for target, r in res:
+                rpc.send_response(target, r, group)
+        elif isinstance(res, str):  # only DGL's shut-down asks this: never while a trainer waits
+            print(f"degnn lamp service: request {type(req).__name__} answered {res!r} while merging "
+                  f"LAMP requests; ignored", flush=True)
+        elif res is not None:
+            _answer(req, res)
+
+
+def _answer(req, res) -> None:
+    seq, client, group = req._reply_to
+    rpc.set_msg_seq(seq)
+    rpc.send_response(client, res, group)
 
 
 def prepare(lg, model, feat, halo_x, history, roots_local, fanouts, version: int,
-            write_back: Optional[torch.Tensor] = None):
-    """LAMP at an owner: h^(len(fanouts)) of `roots_local` through the model's first
+            write_back: Optional[torch.Tensor] = None, fusion: bool = True, groups=None):
+    """LAMP at an owner: h^(len(fanouts)) of `roots_local` (unique) through the model's first
     len(fanouts) layers (eval mode), on the locality-aware computation graph; halo leaves of
     block k >= 1 read history layer k; fresh rows of the nodes flagged in `write_back` (a mask
     over local ids: the nodes other machines read, all when None) are written back to the
-    histories. Returns (h, ages of history rows used, nodes computed)."""
+    histories. `groups`: positions in `roots_local` of each merged request's roots (for the
+    counts). fusion=False computes the unfolded graph (graph.unfold: every path once), as if
+    nothing were shared. Returns (h, ages of history rows used, graph.fusion_counts)."""
+    from degnn.pipelines.lamp.graph import fusion_counts, unfold
+
     cg = lg.build(roots_local, fanouts)
+    counts = fusion_counts(cg, groups)
+    if not fusion:
+        cg = unfold(cg)
+        counts = (counts[2],) * 3  # computed = what would be without fusion: nothing saved
     h = torch.cat([feat[cg.inner_src[0]].float(), halo_x[cg.leaves[0]]])
     ages = []
     for k, block in enumerate(cg.blocks):
@@ -319,7 +395,80 @@ def prepare(lg, model, feat, halo_x, history, roots_local, fanouts, version: int
         keep = torch.ones(len(h), dtype=torch.bool) if write_back is None else write_back[cg.dst[k]]
         if bool(keep.any()):
             history.push(k + 1, cg.dst[k][keep], h[keep], version)
-    return h, ages, sum(len(d) for d in cg.dst)
+    return h, ages, counts
+
+
+class GradsResponse(rpc.Response):
+    """Parameter gradients (names, tensors) and how many pushed rows produced them."""
+
+    def __init__(self, names=(), tensors=(), rows: int = 0, error: str = ""):
+        self.names, self.tensors, self.rows, self.error = list(names), list(tensors), rows, error
+
+    def __getstate__(self):
+        return (self.names, self.rows, self.error) + tuple(self.tensors)
+
+    def __setstate__(self, state):
+        self.names, self.rows, self.error = state[0], state[1], state[2]
+        self.tensors = list(state[3:])
+
+
+class GradPushRequest(_Guarded):
+    """grad=push (P3-style): the loss's gradient with respect to the h^(L-1) this machine answered
+    for `roots`, quantized like the answers. The server recomputes its computation graph below the
+    roots with autograd on (a fresh sample with its current weights: it keeps no per-request
+    autograd state), backpropagates the rows into its replica's lower layers and keeps the
+    parameter gradients for this machine's trainer (GradPullRequest), whose next all-reduce they
+    join."""
+
+    def __init__(self, roots: torch.Tensor, codes, scale, offset):
+        self.roots, self.codes, self.scale, self.offset = roots, codes, scale, offset
+
+    def __getstate__(self):
+        return self.roots, self.codes, self.scale, self.offset
+
+    def __setstate__(self, state):
+        self.roots, self.codes, self.scale, self.offset = state
+
+    def process(self, server_state):
+        from degnn.pipelines.lamp.quantize import QRows, dequantize
+
+        _require_setup()
+        pb = server_state.partition_book
+        roots = self.roots.long()
+        if len(roots) and not bool((pb.nid2partid(roots) == pb.partid).all()):
+            raise ValueError("pushed gradient rows must be of nodes this machine owns")
+        m = STATE.meta
+        grad = dequantize(QRows(self.codes, self.scale, self.offset), m["bits"], m["hidden"])
+        top = f"layers.{m['layers'] - 1}."
+        params = [(n, p) for n, p in STATE.model.named_parameters() if not n.startswith(top)]
+        with torch.enable_grad():
+            h, _, _ = prepare(STATE.lg, STATE.model, STATE.feat, STATE.halo_x, STATE.history,
+                              pb.nid2localnid(roots, pb.partid).long(), m["fanouts"][:-1], STATE.version,
+                              torch.zeros(STATE.lg.num_nodes, dtype=torch.bool))  # no write-back
+            grads = torch.autograd.grad(h, [p for _, p in params], grad, allow_unused=True)
+        for (name, p), g in zip(params, grads):
+            if g is not None:
+                STATE.grads[name] = STATE.grads[name] + g if name in STATE.grads else g
+        STATE.grad_rows += len(roots)
+        return AckResponse()
+
+
+class GradPullRequest(_Guarded):
+    """The parameter gradients accumulated from pushed rows since the last pull (then cleared)."""
+    response_cls = GradsResponse
+
+    def __getstate__(self):
+        return 0
+
+    def __setstate__(self, state):
+        pass
+
+    def process(self, server_state):
+        _require_setup()
+        names = sorted(STATE.grads)
+        res = GradsResponse(names, [STATE.grads[n] for n in names], STATE.grad_rows)
+        STATE.grads, STATE.grad_rows = {}, 0
+        return res
 
 
 SERVICES = [
@@ -328,6 +477,8 @@ SERVICES = [
     (ID_PUSH, HistoryPushRequest, AckResponse),
     (ID_PULL, HistoryPullRequest, RowsResponse),
     (ID_LAMP, LampRequest, RowsResponse),
+    (ID_GRAD, GradPushRequest, AckResponse),
+    (ID_GRAD_PULL, GradPullRequest, GradsResponse),
 ]
 
 
@@ -339,7 +490,8 @@ def servers_of(machine: int) -> List[int]:
 
 def send(pairs: List[Tuple[int, rpc.Request]], pending: Optional[dict] = None) -> dict:
     """Send every (server id, request) without waiting; returns (or extends) the pending map
-    that `receive` takes. Requests sent together are answered in any order."""
+    that `receive` takes. Requests sent together are answered in any order; several pending maps
+    may be in flight at once (prefetch, background history traffic)."""
     pending = {} if pending is None else pending
     for server, req in pairs:
         seq = rpc.incr_msg_seq()  # (rpc.send_request, keeping the sequence number)
@@ -347,15 +499,42 @@ def send(pairs: List[Tuple[int, rpc.Request]], pending: Optional[dict] = None) -
         rpc.send_rpc_message(rpc.RPCMessage(req.service_id, seq, rpc.get_rank(), server, data, tensors,
                                             group_id=rpc.get_group_id()), server)
         pending[seq] = (len(pending), server, req)
+        _IN_FLIGHT.add(seq)
     return pending
+
+
+# Answers that arrived while another pending map was being received (by sequence number), and
+# the sequence numbers of everything sent and not yet received. DGL's own recv_responses would
+# fail on an answer it did not ask for, so nothing else may receive while requests are in flight:
+# the LAMP trainer makes no DGL RPC between an epoch's first send and its last receive.
+_INBOX: dict = {}
+_IN_FLIGHT: set = set()
 
 
 def receive(pending: dict) -> list:
     """The responses to everything in `pending`, in the order sent; raises LampServiceError when
-    a server answered with an error."""
+    a server answered with an error. Answers to other pending maps are kept for their turn."""
     if not pending:
         return []
-    res = rpc.recv_responses({seq: i for seq, (i, _, _) in pending.items()})
+    res = [None] * len(pending)
+    for seq in [s for s in pending if s in _INBOX]:
+        res[pending[seq][0]] = _INBOX.pop(seq)
+    missing = sum(r is None for r in res)
+    while missing:
+        msg = rpc.recv_rpc_message(0)
+        _, res_cls = rpc.SERVICE_ID_TO_PROPERTY[msg.service_id]
+        if msg.msg_seq not in _IN_FLIGHT or res_cls is None:
+            raise LampServiceError(f"an answer to no request of this trainer (service {msg.service_id}, "
+                                   f"sequence {msg.msg_seq})")
+        _IN_FLIGHT.discard(msg.msg_seq)
+        r = rpc.deserialize_from_payload(res_cls, msg.data, msg.tensors)
+        if msg.msg_seq in pending:
+            res[pending[msg.msg_seq][0]] = r
+            missing -= 1
+        else:
+            _INBOX[msg.msg_seq] = r
+    for seq in pending:
+        _IN_FLIGHT.discard(seq)
     for (i, server, req) in pending.values():
         if getattr(res[i], "error", ""):
             raise LampServiceError(f"graph server {server} failed a {type(req).__name__}: {res[i].error}")
