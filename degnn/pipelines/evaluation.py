@@ -13,16 +13,28 @@ import dgl
 import torch
 import torch.distributed as dist
 
-from degnn.data.evaluate import accuracy_evaluator
+from degnn.data import _get
+from degnn.data.evaluate import accuracy_evaluator, mrr_evaluator
 from degnn.runtime.compat import DistNodeDataLoader, MultiLayerFullNeighborSampler
 
 
-def dataset_evaluator(dataset_name: str):
-    """The dataset's accuracy evaluator (OGB's `Evaluator`; see degnn/data/evaluate.py).
+def dataset_evaluator(dataset):
+    """The metric of a dataset config (OGB's `Evaluator`; see degnn/data/evaluate.py), by task.
 
-    Trainers only see partitions, not the loaded dataset, so they build it from the name.
+    node: accuracy; OGB's own evaluator for a real OGB dataset, plain multiclass accuracy for the
+    others. link: MRR of each positive among its negatives (ogbl-citation2's evaluator, for
+    every link dataset). Anything else is refused (ValueError). Trainers only see partitions,
+    not the loaded dataset, so they build it from the config.
     """
-    return accuracy_evaluator(dataset_name if dataset_name.startswith("ogbn-") else "ogbn-arxiv")
+    name, kind, task = _get(dataset, "name"), _get(dataset, "kind"), _get(dataset, "task", "node")
+    if task == "node":
+        return accuracy_evaluator(str(name)) if kind == "ogb" else accuracy_evaluator()
+    if task == "link":
+        if kind == "ogb" and name != "ogbl-citation2":
+            raise ValueError(f"dataset {name}: degnn evaluates OGB link datasets by MRR against their "
+                             f"negatives (ogbl-citation2); {name} has another metric")
+        return mrr_evaluator()
+    raise ValueError(f"dataset {name}: dataset.task={task!r} has no evaluator; use node or link")
 
 
 def remote_rows(pb, nids: torch.Tensor) -> int:

@@ -77,7 +77,7 @@ class DistDGLPipeline(Pipeline):
                                          batch_size=cfg.train.batch_size, shuffle=True, drop_last=False)
         hidden_out = cfg.model.hidden
         out_dims = [hidden_out] * (cfg.model.layers - 1) + [num_classes]
-        self.evaluator = DistEvaluator(ctx, self.model, out_dims, dataset_evaluator(cfg.dataset.name),
+        self.evaluator = DistEvaluator(ctx, self.model, out_dims, dataset_evaluator(cfg.dataset),
                                        cfg.train.eval_batch_size)
         self.num_classes = num_classes
         self.log.info("distdgl: %d train nodes on this trainer, %d classes, %d parameters",

@@ -87,7 +87,7 @@ class LAMPPipeline(Pipeline):
                                           weight_decay=cfg.train.weight_decay)
         self.param_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         out_dims = [cfg.model.hidden] * (self.L - 1) + [self.num_classes]
-        self.evaluator = DistEvaluator(ctx, self.model, out_dims, dataset_evaluator(cfg.dataset.name),
+        self.evaluator = DistEvaluator(ctx, self.model, out_dims, dataset_evaluator(cfg.dataset),
                                        cfg.train.eval_batch_size)
 
         # this machine's partition, as its graph server sees it

@@ -150,7 +150,7 @@ class TMAPipeline(Pipeline):
         tpm = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", cfg.cluster.trainers_per_machine)))
         self.active = [r for r in range(ctx.world_size) if r // tpm not in set(p.drop_parts)]
         self.dropped = self.part in set(p.drop_parts)
-        self.evaluate_fn = dataset_evaluator(cfg.dataset.name)
+        self.evaluate_fn = dataset_evaluator(cfg.dataset)
         self.client = CoordinatorClient(ctx.rank, ctx.counter)
         self.local = build_local_data(g, str(ctx.part_config), self.log)
         in_dim = self.local.graph.ndata["feat"].shape[1]
