@@ -73,7 +73,6 @@ def _cfg(*overrides):
     (["pipeline.kill_at=later"], "pipeline.kill_at='later' is not a duration"),
     (["pipeline.kill_during=setup"], "pipeline.kill_during='setup'"),
     (["cluster.trainers_per_machine=2"], "cluster.trainers_per_machine=1"),
-    (["dataset=wordnet-link"], "trains node classification"),
 ])
 def test_launcher_preflight_rejects(overrides, message):
     with pytest.raises(ValueError, match=None) as e:

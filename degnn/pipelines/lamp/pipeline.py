@@ -60,9 +60,7 @@ class LAMPPipeline(Pipeline):
     def setup(self) -> None:
         ctx, cfg = self.ctx, self.cfg
         pcfg = cfg.pipeline
-        if cfg.dataset.task != "node":
-            raise ValueError(f"pipeline=lamp trains node classification; dataset {cfg.dataset.name} is a "
-                             f"{cfg.dataset.task} task")
+        self.check_task(cfg)
         check_lamp_config(pcfg, cfg.model)
         self.bits, self.L = int(pcfg.bits), int(cfg.model.layers)
         self.fanouts = [int(f) for f in cfg.model.fanouts]
