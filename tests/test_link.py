@@ -134,6 +134,18 @@ def test_launcher_refuses_a_link_task_for_lamp_before_anything_starts(tmp_path):
     assert not (tmp_path / "summary.json").exists()
 
 
+def test_batches_per_epoch_is_checked_before_anything_starts():
+    from degnn.launch.plan import LaunchError
+    from degnn.launch.preflight import check_config
+    from degnn.runtime.entry import compose_config
+
+    check_config(compose_config(["pipeline=distdgl", "train.batches_per_epoch=15"]))
+    with pytest.raises(LaunchError, match="only pipeline=distdgl"):
+        check_config(compose_config(["pipeline=lamp", "train.batches_per_epoch=15"]))
+    with pytest.raises(LaunchError, match="train.batches_per_epoch=-1"):
+        check_config(compose_config(["pipeline=distdgl", "train.batches_per_epoch=-1"]))
+
+
 # ---- a real 2-machine cluster ----------------------------------------------------------------------------
 def _netns_reason():
     if os.geteuid() != 0:
@@ -151,7 +163,7 @@ def test_two_machines_train_links_with_distdgl_then_random_tma(tmp_path):
     common = ["dataset=synthetic-tiny-link", f"dataset.root={tmp_path / 'data'}", f"partition.root={tmp_path / 'parts'}",
               "cluster=netns", "cluster.machines=2", "model.hidden=32", "model.dropout=0", "train.lr=0.01",
               "train.batch_size=256"]
-    runs = {"distdgl": ["pipeline=distdgl", "train.epochs=2"],
+    runs = {"distdgl": ["pipeline=distdgl", "train.epochs=3", "train.batches_per_epoch=25"],
             "tma": ["pipeline=tma", "pipeline.variant=random", "pipeline.time_limit=6s", "pipeline.sync_every=3s"]}
     summaries = {}
     for name, extra in runs.items():
@@ -166,9 +178,80 @@ def test_two_machines_train_links_with_distdgl_then_random_tma(tmp_path):
         assert s["best_val"] > 0.012 and s["test"] is not None, s
         assert f"metric=mrr" in r.stdout
     d, t = summaries["distdgl"], summaries["tma"]
+    assert d["epochs"] == 3 and d["batches"] == 3 * 25 * 2  # epochs of 25 batches per trainer
     # the same held-out edges (and negatives, from the same dataset) for both
     assert d["eval_edges"] == t["eval_edges"] and d["eval_edges"]["valid"] > 0
     # the baseline's byte count includes the edge lookups (within 3% of the wire)
     assert abs(d["app_bytes_per_batch"] - d["net_bytes_per_batch"]) < 0.03 * d["net_bytes_per_batch"], d
     # RandomTMA on 2 parts keeps about half of the edges for training
     assert 0.35 < t["edges_kept_fraction"] < 0.65 and t["rounds"] == 2
+
+
+# ---- bench=link and its report ---------------------------------------------------------------------------
+def test_bench_link_composes_into_valid_runs_under_one_budget():
+    import itertools
+
+    from hydra import compose, initialize_config_dir
+
+    from degnn.config import CONF_DIR, register_configs
+    from degnn.launch.preflight import check_config
+    from degnn.pipelines.tma import TMAPipeline, parse_duration
+
+    register_configs()
+    seen = set()
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        bench = compose("bench", overrides=["bench=link"])
+        for suite in bench.bench.suites:
+            sweeps = [[o] if "[" in o else [f"{o.split('=', 1)[0]}={v}" for v in o.split("=", 1)[1].split(",")]
+                      for o in suite.overrides]
+            for job in itertools.product(*sweeps):
+                cfg = compose("config", overrides=list(job))
+                check_config(cfg)
+                if cfg.pipeline.name == "tma":
+                    OmegaConf.set_struct(cfg, True)
+                    TMAPipeline.prepare_launch(cfg, list(job))
+                    budget = parse_duration(cfg.pipeline.time_limit)
+                else:
+                    budget = cfg.train.time_limit_s
+                assert cfg.dataset.task == "link" and cfg.cluster.machines == 4, suite.name
+                if cfg.dataset.name == "wordnet-link":
+                    assert budget == 45
+                    seen.add((cfg.pipeline.name, cfg.pipeline.get("variant"), cfg.model.name, cfg.cluster.bandwidth))
+    for model in ("sage", "gcn"):
+        assert ("distdgl", "default", model, "100mbit") in seen
+        for variant in ("random", "supernode", "psgd-pa", "llcg"):
+            assert ("tma", variant, model, "100mbit") in seen
+    assert {("distdgl", "default", "sage", "1gbit"), ("tma", "random", "sage", "1gbit"),
+            ("tma", "supernode", "sage", "1gbit")} <= seen
+
+
+def _fake_run(root, name, curve, **summary):
+    d = root / name
+    d.mkdir(parents=True)
+    base = {"status": "ok", "dataset": "wordnet-link", "task": "link", "metric": "mrr", "machines": 4, "layers": 2,
+            "bandwidth": "100mbit", "trainers": 4, "train_time_s": 45.0}
+    (d / "summary.json").write_text(json.dumps({**base, **summary}))
+    (d / "curve.jsonl").write_text("".join(json.dumps({"train_time_s": t, "val": v}) + "\n" for t, v in curve))
+
+
+def test_report_has_the_papers_table_1_for_links(tmp_path):
+    from benchmarks.report import write_report
+
+    tests = {("distdgl", "sage"): 0.30, ("supernode", "sage"): 0.32, ("random", "sage"): 0.31,
+             ("psgd-pa", "sage"): 0.25, ("llcg", "sage"): 0.24, ("distdgl", "gcn"): 0.20, ("random", "gcn"): 0.21}
+    kept = {"supernode": 0.68, "random": 0.25, "psgd-pa": 0.93, "llcg": 0.93}
+    for i, ((variant, model), test) in enumerate(tests.items()):
+        pipe = {"pipeline": "distdgl", "variant": "default"} if variant == "distdgl" else \
+            {"pipeline": "tma", "variant": variant, "edges_kept_fraction": kept[variant], "rounds": 5}
+        _fake_run(tmp_path, f"r/{i}", [(9, test - 0.05), (45, test)], model=model, best_val=test, test=test,
+                  test_final=test, **pipe)
+    text = write_report(tmp_path).read_text()
+    assert "## Link prediction: the TMA paper's Table 1" in text
+    assert "| method | GraphSAGE | GCN | edges kept | paper |" in text
+    assert "| SuperTMA | 0.3200 | – | 0.680 | 0.8375 |" in text
+    assert "| RandomTMA | 0.3100 | 0.2100 | 0.250 | 0.8328 |" in text
+    assert "| distdgl (synchronous; the paper's GGS) | 0.3000 | 0.2000 | 1.000 | 0.8195 |" in text
+    assert "GraphSAGE: SuperTMA ≥ RandomTMA > PSGD-PA holds (0.3200 / 0.3100 / 0.2500)" in text
+    assert "GraphSAGE: best of RandomTMA/SuperTMA (tma/supernode) against distdgl: +2.00 points" in text
+    # validation MRR against training time, one plot per bandwidth and model
+    assert (tmp_path / "tma-curves-wordnet-link-100mbit-sage.png").stat().st_size > 1000

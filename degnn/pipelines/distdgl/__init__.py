@@ -101,6 +101,7 @@ class DistDGLPipeline(Pipeline):
         self.evaluator = DistEvaluator(ctx, self.model, out_dims, dataset_evaluator(cfg.dataset),
                                        cfg.train.eval_batch_size, link_split=link_split)
         self.num_classes = num_classes
+        self._batch_iter = None  # train.batches_per_epoch: the pass under way
         self.link_info = {}
         if self.link:
             self.link_info = {"eval_num_neg": int(link_split["valid"]["target_node_neg"].shape[1]),
@@ -111,14 +112,28 @@ class DistDGLPipeline(Pipeline):
                       sum(p.numel() for p in self.model.parameters()))
 
     def batches_per_epoch(self) -> Optional[int]:
-        return -(-len(self.train_ids) // self.cfg.train.batch_size)
+        return self.cfg.train.batches_per_epoch or -(-len(self.train_ids) // self.cfg.train.batch_size)
+
+    def _epoch_batches(self):
+        """One pass over the loader, or (train.batches_per_epoch=N) the next N batches of it,
+        starting a new pass whenever one ends. Every rank takes the same number of steps (DDP)."""
+        n = self.cfg.train.batches_per_epoch
+        if not n:
+            yield from self.loader
+            return
+        for _ in range(n):
+            batch = None if self._batch_iter is None else next(self._batch_iter, None)
+            if batch is None:  # no pass under way yet, or it ended
+                self._batch_iter = iter(self.loader)
+                batch = next(self._batch_iter)
+            yield batch
 
     def train_epoch(self, epoch: int, progress) -> Tuple[float, int]:
         counter, g = self.ctx.counter, self.ctx.graph
         world = self.ctx.world_size
         self.ddp.train()
         total, n = 0.0, 0
-        for batch in self.loader:  # node: (input_nodes, seeds, blocks); link: (input_nodes, pos, neg, blocks)
+        for batch in self._epoch_batches():  # node: (input_nodes, seeds, blocks); link: (input_nodes, pos, neg, blocks)
             input_nodes, blocks = batch[0], batch[-1]
             remote = self.pb.nid2partid(input_nodes) != self.pb.partid
             counter.add("sampling", sampling_bytes(remote, blocks) + edge_lookup_bytes(self.pb, batch))
