@@ -103,7 +103,8 @@ class TMAConfig(PipelineConfig):
     sync_every: str = "30s"
     # training-time budget (evaluation excluded, as in the paper's clock)
     time_limit: str = "3min"
-    # uniform (the paper's unweighted mean) | train_nodes (weighted by each trainer's train nodes)
+    # uniform (the paper's unweighted mean) | train_nodes (weighted by each trainer's train nodes;
+    # link task: by its training edges)
     weighting: str = "uniform"
     # gradient clipping by global norm (0 = off), from `grad_clip_since` local epochs on
     grad_clip: float = 1.0
