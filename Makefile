@@ -23,7 +23,7 @@ test: setup
 	$(VPY) -m pytest -q tests
 
 # each bench config writes its own report under benchmarks/results/
-BENCHES ?= default parity tma lamp
+BENCHES ?= default parity tma lamp link
 
 bench: setup
 	set -e; for b in $(BENCHES); do $(VPY) -m benchmarks bench=$$b; done

@@ -267,28 +267,27 @@ def tma_section(runs: List[dict], results: Path) -> List[str]:
            "distdgl run's best validation − 1 point; speed-up = distdgl's time to the target / the "
            "method's. Wire MB: bytes every machine's link sent over the whole run (netns veth), and "
            "during local training only (TMA: between rounds); averaging MB: parameters up and means "
-           "down, counted by degnn. Label TV: the partitions' mean label total-variation distance "
-           "to the whole graph.", ""]
-    groups: Dict[tuple, List[dict]] = defaultdict(list)
-    for s in ok:
-        groups[(s.get("dataset"), s.get("machines"), bandwidth(s), s.get("layers"))].append(s)
+           "down, counted by degnn. Edges kept: the share of the graph's edges the method trains on "
+           "(TMA's induced subgraphs drop every cut edge). Label TV: the partitions' mean label "
+           "total-variation distance to the whole graph.", ""]
     fails = []
-    for (ds, machines, bw, layers), group in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for (ds, machines, bw, layers, model), group in tma_groups(ok):
         base = next((s for s in group if s["pipeline"] == "distdgl" and not failure(s)), None)
         target = base["best_val"] - 0.01 if base and base.get("best_val") is not None else None
         t_base = time_to(base["_curve"], target) if base and target is not None else None
-        out += [f"### {ds}, {machines} machines, {bw or 'unlimited'} links, {layers} layers", "",
+        out += [f"### {ds}, {machines} machines, {bw or 'unlimited'} links, {layers} layers, {model}", "",
                 f"Target validation: {fmt(target)}" + (f" (distdgl reached it at {t_base:.1f}s)" if t_base else ""),
-                "", "| method | partition | label TV | best val | test (best val) | test (final) | "
+                "", "| method | partition | edges kept | label TV | best val | test (best val) | test (final) | "
                 "time to target (s) | speed-up | steps/s per trainer | rounds / epochs | train time (s) | "
-                "wire MB | wire MB in training | averaging MB | run |", "|" + "---|" * 15]
+                "wire MB | wire MB in training | averaging MB | run |", "|" + "---|" * 16]
         order = {"distdgl": 0, "tma/random": 1, "tma/supernode": 2, "tma/psgd-pa": 3, "tma/llcg": 4}
         for s in sorted((s for s in group if not failure(s)), key=lambda s: order.get(method(s), 9)):
             t = time_to(s["_curve"], target) if target is not None else None
             speed = f"{t_base / t:.2f}x" if (t and t_base) else "–"
             part = s.get("partition_method") or (s.get("_config", {}).get("partition") or {}).get("method")
             out.append("| " + " | ".join([
-                method(s), str(part or "–"), fmt(label_tv(s), ".3f"), fmt(s.get("best_val")), fmt(s.get("test")),
+                method(s), str(part or "–"), fmt(edges_kept(s), ".3f"), fmt(label_tv(s), ".3f"), fmt(s.get("best_val")),
+                fmt(s.get("test")),
                 fmt(s.get("test_final")), fmt(t, ".1f"), speed, fmt(steps_per_s(s), ".1f"),
                 str(s.get("rounds", s.get("epochs", "–"))), fmt(s.get("train_time_s"), ".1f"),
                 mb(s.get("net_bytes_total")), mb(s.get("net_bytes_train")), mb(s.get("averaging_bytes")),
@@ -302,7 +301,7 @@ def tma_section(runs: List[dict], results: Path) -> List[str]:
                     f"{ds} {bw or ''}", method(s), failure(s), str(s.get("trainers_alive", "–")),
                     fmt(s.get("test")), fmt(ref.get("test") if ref else None), fmt(drop, "+.2f"),
                     str(s.get("status")), f"`{s['_rel']}`"]) + " |")
-        png = plot_tma(group, base, target, results / f"tma-curves-{ds}-{bw or 'unlimited'}.png")
+        png = plot_tma(group, base, target, results / f"tma-curves-{ds}-{bw or 'unlimited'}-{model}.png")
         if png:
             out += [f"![{ds} {bw}]({png.name})", ""]
     if fails:
@@ -310,6 +309,76 @@ def tma_section(runs: List[dict], results: Path) -> List[str]:
                 "the failure minus this one (points).", "",
                 "| dataset | method | failure | trainers alive | test | test without failure | drop (points) | "
                 "status | run |", "|" + "---|" * 9, *fails, ""]
+    return out
+
+
+def tma_groups(ok: List[dict]) -> List[tuple]:
+    """(dataset, machines, bandwidth, layers, model) -> the runs compared under one budget."""
+    groups: Dict[tuple, List[dict]] = defaultdict(list)
+    for s in ok:
+        groups[(s.get("dataset"), s.get("machines"), bandwidth(s), s.get("layers"), s.get("model"))].append(s)
+    return sorted(groups.items(), key=lambda kv: str(kv[0]))
+
+
+def edges_kept(s: dict) -> Optional[float]:
+    """Share of the graph's edges the run trains on: TMA's induced subgraphs drop the cut ones."""
+    if s.get("pipeline") == "distdgl":
+        return 1.0
+    return s.get("edges_kept_fraction")
+
+
+# the TMA paper's Table 1 (ogbl-citation2, test MRR; reference/tma.md §5.2), in its row order
+TABLE1 = [("tma/supernode", "SuperTMA", 0.8375), ("tma/random", "RandomTMA", 0.8328),
+          ("tma/psgd-pa", "PSGD-PA", 0.8240), ("distdgl", "distdgl (synchronous; the paper's GGS)", 0.8195),
+          ("tma/llcg", "LLCG", 0.8188)]
+MODEL_NAMES = {"sage": "GraphSAGE", "gcn": "GCN", "gat": "GAT"}
+
+
+def link_section(runs: List[dict]) -> List[str]:
+    """bench=link: the TMA paper's Table 1 (method x model, test MRR at the best validation MRR) per
+    dataset and bandwidth, the paper's ordering checked, and the share of edges each method keeps."""
+    ok = [s for s in runs if s.get("status") == "ok" and s.get("task") == "link" and not failure(s)
+          and s.get("pipeline") in ("tma", "distdgl")]
+    if not ok:
+        return []
+    out = ["## Link prediction: the TMA paper's Table 1", "",
+           "Test MRR (1000 negatives per held-out edge, OGB's Evaluator) at the best validation MRR, "
+           "every method under the same training-time budget. The paper's numbers are ogbl-citation2's "
+           "(model not stated there). Edges kept: the share of the training graph's edges the method "
+           "trains on (cut edges dropped).", ""]
+    tables: Dict[tuple, Dict[tuple, dict]] = defaultdict(dict)
+    for s in ok:
+        tables[(s.get("dataset"), s.get("machines"), bandwidth(s))][(method(s), s.get("model"))] = s
+    for (ds, machines, bw), cells in sorted(tables.items(), key=lambda kv: str(kv[0])):
+        models = sorted({m for _, m in cells}, key=lambda m: list(MODEL_NAMES).index(m) if m in MODEL_NAMES else 9)
+        out += [f"### {ds}, {machines} machines, {bw or 'unlimited'} links", "",
+                "| method | " + " | ".join(MODEL_NAMES.get(m, str(m)) for m in models) + " | edges kept | paper |",
+                "|" + "---|" * (len(models) + 3)]
+        for key, name, paper in TABLE1:
+            row = [cells.get((key, m)) for m in models]
+            if not any(row):
+                continue
+            kept = next((edges_kept(r) for r in row if r and edges_kept(r) is not None), None)
+            out.append(f"| {name} | " + " | ".join(fmt(r.get("test")) if r else "–" for r in row)
+                       + f" | {fmt(kept, '.3f')} | {paper:.4f} |")
+        out.append("")
+        for m in models:
+            sup, rnd, psgd = (cells.get((k, m)) for k in ("tma/supernode", "tma/random", "tma/psgd-pa"))
+            if sup and rnd and psgd:
+                a, b, c = sup["test"], rnd["test"], psgd["test"]
+                holds = a >= b > c
+                kept = " / ".join(fmt(edges_kept(r), ".3f") for r in (sup, rnd, psgd))
+                out.append(f"- {MODEL_NAMES.get(m, m)}: SuperTMA ≥ RandomTMA > PSGD-PA "
+                           f"{'holds' if holds else 'does not hold'} (test {a:.4f} / {b:.4f} / {c:.4f}; "
+                           f"edges kept {kept}).")
+            base = cells.get(("distdgl", m))
+            best = max((r for r in (sup, rnd) if r), key=lambda r: r["test"], default=None)
+            if base and best:
+                gap = (best["test"] - base["test"]) * 100
+                out.append(f"- {MODEL_NAMES.get(m, m)}: best of RandomTMA/SuperTMA ({method(best)}) against "
+                           f"distdgl: {gap:+.2f} points of test MRR (bar, at most 1 point below: "
+                           f"{'met' if gap >= -1 else 'not met'}).")
+        out.append("")
     return out
 
 
@@ -327,7 +396,8 @@ def plot_tma(group: List[dict], base: Optional[dict], target: Optional[float], p
     if target is not None:
         ax.axhline(target, color="grey", linewidth=0.8, linestyle=":", label="distdgl best − 1 pt")
     s0 = group[0]
-    ax.set_title(f"{s0.get('dataset')}, {s0.get('machines')} machines, {bandwidth(s0) or 'unlimited'}")
+    ax.set_title(f"{s0.get('dataset')}, {s0.get('machines')} machines, {bandwidth(s0) or 'unlimited'}, "
+                 f"{s0.get('model')}")
     ax.set_xlabel("training time (s, evaluation excluded)")
     ax.set_ylabel(f"validation {s0.get('metric', 'acc')}")
     return _finish(fig, ax, path)
@@ -598,6 +668,7 @@ def write_report(results: Path, title: str = "degnn benchmark") -> Path:
     lines += table(runs) + [""]
     lines += comparisons(runs)
     lines += parity(runs)
+    lines += link_section(runs)
     lines += tma_section(runs, results)
     lines += lamp_section(runs)
     lines += lamp_ablations(runs)

@@ -63,6 +63,10 @@ class TrainConfig:
     seed: int = 0
     # evaluate validation/test every N epochs (full-neighbour, whole graph)
     eval_every: int = 1
+    # pipeline=distdgl: 0 = an epoch is one pass over the training nodes/edges; N = an epoch is N
+    # batches, the next one continuing where it stopped (evaluation, checkpoints and the time
+    # limit then come every N batches: link prediction's epochs are long)
+    batches_per_epoch: int = 0
     eval_batch_size: int = 4096
     # stop after this many evaluations without a better validation metric (0 = never)
     patience: int = 0
@@ -99,7 +103,8 @@ class TMAConfig(PipelineConfig):
     sync_every: str = "30s"
     # training-time budget (evaluation excluded, as in the paper's clock)
     time_limit: str = "3min"
-    # uniform (the paper's unweighted mean) | train_nodes (weighted by each trainer's train nodes)
+    # uniform (the paper's unweighted mean) | train_nodes (weighted by each trainer's train nodes;
+    # link task: by its training edges)
     weighting: str = "uniform"
     # gradient clipping by global norm (0 = off), from `grad_clip_since` local epochs on
     grad_clip: float = 1.0

@@ -26,7 +26,7 @@ from degnn.proc import pid_alive
 
 from .assign import METHODS, PartitionError, compute_assignment, effective_num_supernodes, structure_graph
 from .stats import partition_stats
-from .writer import write_partitions
+from .writer import LINK_SPLIT, write_partitions
 
 COMPLETE = "COMPLETE"
 STATS = "stats.json"
@@ -129,7 +129,8 @@ def is_complete(out: Union[str, Path]) -> bool:
         for key in ("part_graph", "node_feats", "edge_feats"):
             if key not in files or not (out / files[key]).is_file():
                 return False
-    return True
+    link = meta.get("degnn", {}).get("link_split")
+    return link is None or (out / link).is_file()
 
 
 # ----------------------------------------------------------------------------- partition_graph
@@ -143,6 +144,7 @@ def _write(
     num_supernodes: int,
     balance_edges: bool,
     settings: Dict[str, Any],
+    link_split=None,
 ) -> Path:
     """Partition into a temporary sibling folder, then rename it to `out` (caller holds the lock)."""
     _clean_stale_temps(out)
@@ -160,7 +162,8 @@ def _write(
         }
         if method == "supernode":
             extra["num_supernodes"] = effective_num_supernodes(graph.num_nodes(), num_parts, num_supernodes)
-        res = write_partitions(graph, part, num_parts, tmp, graph_name, method, extra, sim_g=sg)
+        res = write_partitions(graph, part, num_parts, tmp, graph_name, method, extra, sim_g=sg,
+                               link_split=link_split)
         del sg
         t2 = time.time()
         stats = {"graph_name": graph_name, "method": method, "seed": int(seed)}
@@ -170,6 +173,9 @@ def _write(
             stats["num_supernodes"] = extra["num_supernodes"]
         # halo as stored in the part graphs (tests check it equals partition_stats' own count)
         stats.update(partition_stats(graph, part, num_parts, halo=res["halo"]))
+        if link_split is not None:
+            stats["link_eval_edges"] = {p: int(len(link_split[p]["source_node"])) for p in ("valid", "test")}
+            stats["link_num_neg"] = int(link_split["valid"]["target_node_neg"].shape[1])
         stats.update(
             {"wall_time_s": round(t2 - t0, 4), "assign_time_s": round(t1 - t0, 4), "write_time_s": round(t2 - t1, 4)}
         )
@@ -199,20 +205,23 @@ def partition_graph(
     num_supernodes: int = 15000,
     balance_edges: bool = True,
     force: bool = False,
+    link_split=None,
 ) -> Path:
     """Partition an in-memory homogeneous DGL graph into `out` in DGL's partition format.
 
     Returns the partition JSON (``<out>/<graph_name>.json``). Writes ``<out>/stats.json`` and
-    ``<out>/COMPLETE``. Refuses (PartitionError) a folder holding another graph's partitions (other
+    ``<out>/COMPLETE``; for a link dataset pass its `link_split` (GraphData.link_split): the
+    validation and test edges and negatives are written with the partition (writer.LINK_SPLIT). Refuses (PartitionError) a folder holding another graph's partitions (other
     graph_name, method or num_parts) or unrelated files unless ``force``; a partition of the same
     graph, method and K is replaced.
     """
-    return _partition_graph(graph, method, num_parts, out, graph_name, seed, num_supernodes, balance_edges, force)
+    return _partition_graph(graph, method, num_parts, out, graph_name, seed, num_supernodes, balance_edges, force,
+                            link_split=link_split)
 
 
 def _partition_graph(
     graph, method, num_parts, out, graph_name, seed=0, num_supernodes=15000, balance_edges=True,
-    force=False, settings: Optional[Dict[str, Any]] = None,
+    force=False, settings: Optional[Dict[str, Any]] = None, link_split=None,
 ) -> Path:
     _validate(method, num_parts, graph.num_nodes(), graph_name)
     out = Path(out).absolute()
@@ -221,7 +230,8 @@ def _partition_graph(
         settings = {"method": method, "num_parts": int(num_parts), "seed": int(seed)}
     with _folder_lock(out):
         _check_out(out, graph_name, method, int(num_parts), force)
-        return _write(graph, method, int(num_parts), out, graph_name, int(seed), int(num_supernodes), bool(balance_edges), settings)
+        return _write(graph, method, int(num_parts), out, graph_name, int(seed), int(num_supernodes),
+                      bool(balance_edges), settings, link_split=link_split)
 
 
 # ----------------------------------------------------------------------------- ensure_partitions
@@ -272,6 +282,8 @@ def _settings(dataset_cfg, partition_cfg) -> Dict[str, Any]:
         s["num_supernodes"] = int(partition_cfg.num_supernodes)
     if s["method"] != "random":
         s["balance_edges"] = bool(partition_cfg.balance_edges)
+    if s["dataset"].get("task") == "link":  # partitions of link data carry its split (writer.LINK_SPLIT)
+        s["link_split"] = LINK_SPLIT
     return s
 
 
@@ -304,7 +316,8 @@ def ensure_partitions(dataset_cfg, partition_cfg) -> Path:
             return hit
         from degnn.data import load_dataset
 
-        graph = load_dataset(dataset_cfg).graph
+        data = load_dataset(dataset_cfg)
+        graph = data.graph
         _validate(method, int(partition_cfg.num_parts), graph.num_nodes(), str(dataset_cfg.name))
         return _write(
             graph,
@@ -316,4 +329,5 @@ def ensure_partitions(dataset_cfg, partition_cfg) -> Path:
             int(partition_cfg.num_supernodes),
             bool(partition_cfg.balance_edges),
             settings,
+            link_split=data.link_split if data.task == "link" else None,
         )

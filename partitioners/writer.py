@@ -15,6 +15,9 @@ for a homogeneous graph (DGL 1.1.3 layout and field names), so ``load_partition`
                                      keyed "<ntype>/<name>" (e.g. "_N/feat")
     <out>/part<i>/edge_feat.dgl      every edata field, keyed "<src>:<etype>:<dst>/<name>"
     <out>/orig_nids.pt, orig_eids.pt new (shuffled) id -> original id (partition_graph's return_mapping)
+    <out>/link_split.pt              link task only: the held-out validation and test edges and their
+                                     negatives in new ids (`write_link_split`); the graph itself
+                                     holds the training edges only
 
 Node and edge ids are reshuffled (``dgl.partition_graph_with_halo(..., reshuffle=True)``) so part
 i owns the contiguous new-id range node_map[i] (DGL's RangePartitionBook needs that); an edge
@@ -43,6 +46,31 @@ def _reserved_dtypes():
         return {"inner_node": torch.uint8, "inner_edge": torch.uint8, "_ID": torch.int64, "_TYPE": torch.int32}
 
 
+LINK_SPLIT = "link_split.pt"
+
+
+def write_link_split(path: Path, split: Dict[str, Dict[str, object]], orig_nids) -> Dict[str, Dict[str, object]]:
+    """valid/test edges and negatives of a link dataset, renumbered into the partition's new node
+    ids (`orig_nids`: new id -> original id), saved as plain tensors (read with weights_only=True).
+    Negatives are int32 when the ids fit (OGB's citation2 has 2 x 87k x 1000 of them)."""
+    import torch
+
+    new_of = torch.empty_like(orig_nids)
+    new_of[orig_nids] = torch.arange(len(orig_nids), dtype=orig_nids.dtype)
+    small = len(orig_nids) < 2 ** 31
+    out = {}
+    for part in ("valid", "test"):
+        d = split[part]
+        src = new_of[torch.as_tensor(d["source_node"]).long()]
+        dst = new_of[torch.as_tensor(d["target_node"]).long()]
+        neg = torch.as_tensor(d["target_node_neg"]).long()
+        neg = new_of[neg.reshape(-1)].reshape(neg.shape)
+        out[part] = {"source_node": src, "target_node": dst,
+                     "target_node_neg": neg.to(torch.int32) if small else neg}
+    torch.save(out, path)
+    return out
+
+
 def _etype_str(etype) -> str:
     return ":".join(etype)
 
@@ -56,8 +84,12 @@ def write_partitions(
     part_method: str,
     extra_meta: Optional[Dict[str, object]] = None,
     sim_g=None,
+    link_split: Optional[Dict[str, Dict[str, object]]] = None,
 ) -> Dict[str, object]:
-    """Write g cut by `part` into `out` (created). Returns {"json": path, "halo": [...]}."""
+    """Write g cut by `part` into `out` (created). Returns {"json": path, "halo": [...]}.
+
+    `link_split` (a link dataset's valid/test edges and negatives, original ids) travels with the
+    partition as LINK_SPLIT, so trainers, which see only partitions, can evaluate."""
     import dgl
     import torch
     from dgl.data.utils import save_graphs, save_tensors
@@ -155,6 +187,9 @@ def write_partitions(
         raise PartitionError(f"internal: inner edges cover {edge_start} of {m} edges")
     torch.save(orig_nids, out / "orig_nids.pt")
     torch.save(orig_eids, out / "orig_eids.pt")
+    if link_split is not None:
+        write_link_split(out / LINK_SPLIT, link_split, orig_nids)
+        extra_meta = {**(extra_meta or {}), "link_split": LINK_SPLIT}
     if extra_meta:
         meta["degnn"] = extra_meta
     jpath = out / f"{graph_name}.json"

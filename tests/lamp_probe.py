@@ -49,7 +49,7 @@ def trainer(argv) -> int:
     model = build_model(cfg.model, g.ndata["feat"].shape[1], 5).eval()
     ctx = RunContext(cfg=cfg, run_dir=run_dir, rank=rank, world_size=dist.get_world_size(), local_rank=0,
                      machines=2, part_config=os.environ["DGL_CONF_PATH"], graph=g, log=logging.getLogger())
-    ev = DistEvaluator(ctx, model, [hidden] * (L - 1) + [5], dataset_evaluator("x"), 4096)
+    ev = DistEvaluator(ctx, model, [hidden] * (L - 1) + [5], dataset_evaluator({"name": "x", "kind": "synthetic", "task": "node"}), 4096)
     ev._inference()
     model.eval()
     lg = LocalGraph.from_partition(g.local_partition)

@@ -103,8 +103,8 @@ def test_bad_config_errors(tmp_path):
         load_dataset(cfg(tmp_path, num_classes=0))
     with pytest.raises(DatasetError, match="kind"):
         load_dataset(cfg(tmp_path, kind="nope"))
-    with pytest.raises(DatasetError, match="wordnet-link"):
-        load_dataset(cfg(tmp_path, task="link"))
+    with pytest.raises(DatasetError, match="dataset.task"):
+        load_dataset(cfg(tmp_path, task="edges"))
 
 
 # ---------------------------------------------------------------- wordnet
@@ -137,18 +137,50 @@ def test_wordnet_link_and_mrr(wn_root):
     assert d.task == "link" and d.metric == "mrr"
     s = d.link_split
     n_val = s["valid"]["source_node"].shape[0]
-    assert n_val > 5000 and s["valid"]["target_node_neg"].shape == (n_val, 100)
-    assert s["test"]["target_node_neg"].shape[1] == 100
+    assert n_val == 2000 and s["valid"]["target_node_neg"].shape == (n_val, 1000)
+    assert s["test"]["target_node_neg"].shape == (2000, 1000)
     g = d.graph
     # held-out edges are not in the training graph, in either direction
-    src, dst = s["test"]["source_node"][:500], s["test"]["target_node"][:500]
+    src, dst = s["test"]["source_node"], s["test"]["target_node"]
     assert not bool(g.has_edges_between(src, dst).any()) and not bool(g.has_edges_between(dst, src).any())
-    assert d.evaluate(torch.ones(n_val), torch.zeros(n_val, 100)) == 1.0
+    assert d.evaluate(torch.ones(n_val), torch.zeros(n_val, 1000)) == 1.0
     gen = torch.Generator().manual_seed(0)
-    rand = d.evaluate(torch.rand(n_val, generator=gen), torch.rand(n_val, 100, generator=gen))
-    assert rand < 0.1
+    rand = d.evaluate(torch.rand(n_val, generator=gen), torch.rand(n_val, 1000, generator=gen))
+    assert rand < 0.02
     # ties: OGB ranks at the mean of the optimistic (1) and pessimistic (4) rank -> 1 / 2.5
     assert abs(d.evaluate(torch.zeros(4), torch.zeros(4, 3)) - 1 / 2.5) < 1e-6
+
+
+def _link_cfg(root, **kw):
+    return cfg(root, name="synthetic-tiny-link", task="link", **kw)
+
+
+def test_link_split_protocol(tmp_path):
+    """A generated link graph: 1000 fixed negatives per held-out edge, none the source or one of
+    its neighbours; held-out edges are not in the training graph (either direction); the same
+    seed gives the same candidates in another folder, another seed other ones."""
+    d = load_dataset(_link_cfg(tmp_path / "a"))
+    assert d.task == "link" and d.metric == "mrr" and d.info["num_neg"] == 1000
+    g, s = d.graph, d.link_split
+    n = g.num_nodes()
+    every = [(g.edges()[0], g.edges()[1])] + [(s[p]["source_node"], s[p]["target_node"]) for p in ("valid", "test")]
+    linked = set()
+    for a, b in every:
+        linked.update(zip(a.tolist(), b.tolist()))
+        linked.update(zip(b.tolist(), a.tolist()))
+    for p in ("valid", "test"):
+        src, dst, neg = s[p]["source_node"], s[p]["target_node"], s[p]["target_node_neg"]
+        assert neg.shape == (len(src), 1000) and 0 < len(src) <= 2000
+        assert not bool(g.has_edges_between(src, dst).any()) and not bool(g.has_edges_between(dst, src).any())
+        assert int(neg.min()) >= 0 and int(neg.max()) < n
+        pairs = zip(src.repeat_interleave(1000).tolist(), neg.reshape(-1).tolist())
+        assert not any(u == w or (u, w) in linked for u, w in pairs)
+    again = load_dataset(_link_cfg(tmp_path / "b")).link_split
+    other = load_dataset(_link_cfg(tmp_path / "c", seed=1)).link_split
+    for p in ("valid", "test"):
+        for key in ("source_node", "target_node", "target_node_neg"):
+            assert torch.equal(again[p][key], s[p][key]), (p, key)
+        assert not torch.equal(other[p]["target_node_neg"][:5], s[p]["target_node_neg"][:5])
 
 
 # ---------------------------------------------------------------- custom
@@ -162,6 +194,22 @@ def _small_graph(n=50):
     g.ndata["val_mask"] = (idx >= 30) & (idx < 40)
     g.ndata["test_mask"] = idx >= 40
     return g
+
+
+def test_custom_link_folder_gets_seeded_negatives(tmp_path):
+    root = tmp_path / "mylink"
+    rng = np.random.default_rng(0)
+    n = 3000  # more nodes than negatives, so none has to repeat
+    L.write_raw(str(root), edges=rng.integers(0, n, size=(2, 6000)), num_nodes=n, feat=rng.normal(size=(n, 8)))
+    L.write_link_split(str(root), "mine", {p: {"source_node": np.arange(10) + k, "target_node": np.arange(10) + 50}
+                                          for k, p in enumerate(("train", "valid", "test"))})
+    L.mark_release(str(root))
+    d = load_dataset(cfg(tmp_path, name="custom", kind="custom", task="link", path=str(root)))
+    neg = d.link_split["valid"]["target_node_neg"]
+    assert d.metric == "mrr" and neg.shape == (10, 1000)
+    assert not bool((neg == d.link_split["valid"]["source_node"][:, None]).any())
+    again = load_dataset(cfg(tmp_path, name="custom", kind="custom", task="link", path=str(root)))
+    assert torch.equal(again.link_split["test"]["target_node_neg"], d.link_split["test"]["target_node_neg"])
 
 
 def test_custom_file(tmp_path):

@@ -73,7 +73,6 @@ def _cfg(*overrides):
     (["pipeline.kill_at=later"], "pipeline.kill_at='later' is not a duration"),
     (["pipeline.kill_during=setup"], "pipeline.kill_during='setup'"),
     (["cluster.trainers_per_machine=2"], "cluster.trainers_per_machine=1"),
-    (["dataset=wordnet-link"], "trains node classification"),
 ])
 def test_launcher_preflight_rejects(overrides, message):
     with pytest.raises(ValueError, match=None) as e:
@@ -466,21 +465,21 @@ def test_report_has_the_tma_tables_without_variants_overwriting_each_other(tmp_p
     tma = dict(pipeline="tma", trainers=4, rounds=5, train_time_s=45.0, averaging_bytes=2e6, net_bytes_total=1e8,
                net_bytes_train=1000, steps_per_s_per_trainer={"0": 10.0, "1": 12.0})
     _fake(tmp_path, "t/0", [(9, 0.65), (18, 0.715)], variant="random", best_val=0.715, test=0.71, test_final=0.70,
-          label_tv_mean=0.01, partition_method="random", **tma)
+          label_tv_mean=0.01, partition_method="random", edges_kept_fraction=0.25, **tma)
     _fake(tmp_path, "t/1", [(9, 0.60), (18, 0.66)], variant="psgd-pa", best_val=0.66, test=0.65, test_final=0.65,
-          label_tv_mean=0.30, partition_method="metis", **tma)
+          label_tv_mean=0.30, partition_method="metis", edges_kept_fraction=0.85, **tma)
     _fake(tmp_path, "k/0", [(9, 0.64), (18, 0.70)], variant="random", best_val=0.70, test=0.695, test_final=0.69,
           kill_rank=3, kill_at_s=15.0, trainers_alive=3, **tma)
     text = write_report(tmp_path).read_text()
-    assert "### wordnet, 4 machines, 100mbit links, 2 layers" in text
+    assert "### wordnet, 4 machines, 100mbit links, 2 layers, sage" in text
     assert "Target validation: 0.7100 (distdgl reached it at 40.0s)" in text
     # RandomTMA reaches 0.71 at 18 s: 40 / 18 = 2.22x; PSGD-PA never does
-    assert "| tma/random | random | 0.010 | 0.7150 | 0.7100 | 0.7000 | 18.0 | 2.22x | 11.0 | 5 |" in text
-    assert "| tma/psgd-pa | metis | 0.300 | 0.6600 | 0.6500 | 0.6500 | – | – | 11.0 | 5 |" in text
-    assert "| distdgl | – | – | 0.7200 | 0.7000 | 0.6900 | 40.0 | 1.00x | 2.5 |" in text
+    assert "| tma/random | random | 0.250 | 0.010 | 0.7150 | 0.7100 | 0.7000 | 18.0 | 2.22x | 11.0 | 5 |" in text
+    assert "| tma/psgd-pa | metis | 0.850 | 0.300 | 0.6600 | 0.6500 | 0.6500 | – | – | 11.0 | 5 |" in text
+    assert "| distdgl | – | 1.000 | – | 0.7200 | 0.7000 | 0.6900 | 40.0 | 1.00x | 2.5 |" in text
     # the failure run against the same method without it: 0.71 - 0.695 = 1.5 points
     assert "| wordnet 100mbit | tma/random | rank 3 killed at 15s | 3 | 0.6950 | 0.7100 | +1.50 | ok |" in text
-    assert (tmp_path / "tma-curves-wordnet-100mbit.png").stat().st_size > 1000
+    assert (tmp_path / "tma-curves-wordnet-100mbit-sage.png").stat().st_size > 1000
     # the general table tells the variants and the failure apart
     assert "| tma/random | wordnet |" in text and "| tma/psgd-pa | wordnet |" in text
     assert "| tma/random (rank 3 killed at 15s) | wordnet |" in text

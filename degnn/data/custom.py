@@ -4,7 +4,9 @@
   feat (float [N,F]), label (int [N] or [N,1]), train_mask/val_mask/test_mask (bool or 0/1 [N]);
 - folder: OGB's layout (raw/*.csv.gz, split/<name>/..., RELEASE_v1.txt), read by ogb's loader
   with a meta_dict built from what the folder holds (node task: node-label + split csvs;
-  link task: split/<name>/split_dict.pt or {train,valid,test}.pt).
+  link task: split/<name>/split_dict.pt or {train,valid,test}.pt, each of valid/test with
+  source_node, target_node and optionally target_node_neg [m, k]; without it every held-out
+  edge gets 1000 negatives drawn with dataset.seed (linksplit.py), the same on every load).
 """
 from __future__ import annotations
 
@@ -105,6 +107,7 @@ def _load_folder(name: str, path: str, task: str, cfg) -> GraphData:
     if task == "link":
         meta = L.link_meta(path, name, splits[0], add_inverse_edge=False)
         _, g, split = L.read_link(name, path, meta)
+        split = _with_negatives(split, g, int(_get(cfg, "seed", 0) or 0), path)
         return GraphData(name=name, task="link", graph=g, num_classes=0, metric="mrr", evaluate=mrr_evaluator(),
                          link_split=split, info={"path": path, "source": "custom"})
     if not osp.isfile(osp.join(raw, "node-label.csv.gz")):
@@ -122,3 +125,27 @@ def _load_folder(name: str, path: str, task: str, cfg) -> GraphData:
     g.ndata.update(node_masks(g.num_nodes(), split))
     return GraphData(name=name, task="node", graph=g, num_classes=_num_classes(cfg, label, path),
                      metric="acc", evaluate=accuracy_evaluator(), info={"path": path, "source": "custom"})
+
+
+def _with_negatives(split, g, seed: int, path: str):
+    """valid/test without `target_node_neg` get NUM_NEG seeded negatives (the same on every load)."""
+    import numpy as np
+
+    from .linksplit import NUM_NEG, edge_keys, sample_negatives
+
+    for part in ("valid", "test"):
+        if part not in split or "source_node" not in split[part] or "target_node" not in split[part]:
+            raise DatasetError(f"custom folder {path}: the edge split has no {part} source_node/target_node; "
+                               f"give valid and test edges (OGB's split_dict.pt layout)")
+    if all("target_node_neg" in split[p] for p in ("valid", "test")):
+        return split
+    n = g.num_nodes()
+    src, dst = (t.numpy() for t in g.edges())
+    held = [np.stack([split[p]["source_node"].numpy(), split[p]["target_node"].numpy()]) for p in ("valid", "test")]
+    keys = edge_keys(np.concatenate([np.stack([src, dst])] + held, axis=1), n)
+    rng = np.random.default_rng(seed)
+    for p in ("valid", "test"):
+        if "target_node_neg" not in split[p]:
+            split[p]["target_node_neg"] = torch.from_numpy(
+                sample_negatives(split[p]["source_node"].numpy(), keys, n, NUM_NEG, rng))
+    return split

@@ -26,24 +26,30 @@ def accuracy_evaluator(ogb_name: str = "ogbn-arxiv") -> Callable[[torch.Tensor, 
     return evaluate
 
 
-def mrr_evaluator() -> Callable[[torch.Tensor, torch.Tensor], float]:
-    """(scores of the true edges [n], scores of their negatives [n, k]) -> MRR.
+def reciprocal_ranks(y_pred_pos: torch.Tensor, y_pred_neg: torch.Tensor) -> torch.Tensor:
+    """Evaluator('ogbl-citation2')'s per-edge reciprocal ranks [n] of the true edges' scores [n]
+    among their own negatives' scores [n, k]; their mean is the MRR.
 
-    Evaluator('ogbl-citation2') ranks each positive among its own k negatives and averages the
-    optimistic and pessimistic ranks (ties count half); it accepts any k, so it serves wordnet-link
-    (k=100) as well as citation2 (k=1000). For link tasks `evaluate(y_pred_pos, y_pred_neg)`.
-    """
+    OGB ranks each positive among its k negatives at the mean of the optimistic and pessimistic
+    ranks (ties count half) and accepts any k. Pipelines that score edges on several trainers
+    gather these lists, so the mean is OGB's MRR over all edges."""
     from ogb.linkproppred import Evaluator
 
-    ev = Evaluator("ogbl-citation2")
+    pos = torch.as_tensor(y_pred_pos).detach().cpu().reshape(-1).float()
+    neg = torch.as_tensor(y_pred_neg).detach().cpu().float()
+    if neg.dim() == 1:
+        neg = neg.reshape(pos.shape[0], -1)
+    if pos.numel() == 0:
+        return torch.zeros(0)
+    return torch.as_tensor(Evaluator("ogbl-citation2").eval({"y_pred_pos": pos, "y_pred_neg": neg})["mrr_list"])
+
+
+def mrr_evaluator() -> Callable[[torch.Tensor, torch.Tensor], float]:
+    """(scores of the true edges [n], scores of their negatives [n, k]) -> MRR (OGB's Evaluator
+    for ogbl-citation2, whatever the dataset: reciprocal_ranks). `evaluate(y_pred_pos, y_pred_neg)`."""
 
     def evaluate(y_pred_pos: torch.Tensor, y_pred_neg: torch.Tensor) -> float:
-        pos = torch.as_tensor(y_pred_pos).detach().cpu().reshape(-1).float()
-        neg = torch.as_tensor(y_pred_neg).detach().cpu().float()
-        if neg.dim() == 1:
-            neg = neg.reshape(pos.shape[0], -1)
-        if pos.numel() == 0:
-            return 0.0
-        return float(ev.eval({"y_pred_pos": pos, "y_pred_neg": neg})["mrr_list"].mean())
+        rr = reciprocal_ranks(y_pred_pos, y_pred_neg)
+        return float(rr.mean()) if rr.numel() else 0.0
 
     return evaluate

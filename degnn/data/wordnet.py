@@ -7,10 +7,10 @@
 - features: a hashed TF-IDF of the gloss and the synset's words, `feat_dim` buckets (128 by
   default), hashed with zlib.crc32 so it is the same in every process (Python's hash() is salted);
 - node task: a seeded random 60/20/20 split.
-- link task (wordnet-link): 5% / 5% of the undirected edges are held out as valid / test and
-  removed from the training graph; each held-out edge gets 100 uniformly sampled negative targets
-  (OGB's citation2 uses 1000; 100 keeps evaluation cheap on CPU), metric MRR. Written in OGB's
-  link layout (split/random/split_dict.pt) and read by DglLinkPropPredDataset.
+- link task (wordnet-link): 2,000 undirected edges each (about 1.1%) are held out as valid and
+  test and removed from the training graph; each held-out edge gets 1000 fixed negative targets
+  (OGB's citation2 protocol; linksplit.py draws them, seeded), metric MRR. Written in OGB's link
+  layout (split/random/split_dict.pt) and read by DglLinkPropPredDataset.
 """
 from __future__ import annotations
 
@@ -26,13 +26,12 @@ import numpy as np
 from . import DatasetError, GraphData, _get, node_masks, resolve_root
 from . import ogb_layout as L
 from .evaluate import accuracy_evaluator, mrr_evaluator
+from .linksplit import hold_out, link_knobs
 
 FILES = ("noun", "verb", "adj", "adv")
 NUM_CLASSES = 45  # lexicographer files 00..44
 # pointer pos letters -> the data file holding that synset ('s' = adjective satellite, in data.adj)
 POS_FILE = {"n": "noun", "v": "verb", "a": "adj", "s": "adj", "r": "adv"}
-NUM_NEG = 100
-HOLDOUT = 0.05  # valid share and test share of undirected edges (link task)
 WN_VERSION = 1  # bump when parsing/features change
 _TOKEN = re.compile(r"[a-z]+")
 
@@ -106,9 +105,12 @@ def tfidf_features(docs: List[str], dim: int) -> np.ndarray:
 
 
 def _knobs(cfg) -> Dict[str, object]:
-    return {"v": WN_VERSION, "task": _get(cfg, "task", "node"), "seed": int(_get(cfg, "seed", 0)),
-            "feat_dim": int(_get(cfg, "feat_dim", 128)) or 128,
-            "wordnet_dir": osp.realpath(str(_get(cfg, "wordnet_dir", "/usr/share/wordnet")))}
+    k = {"v": WN_VERSION, "task": _get(cfg, "task", "node"), "seed": int(_get(cfg, "seed", 0)),
+         "feat_dim": int(_get(cfg, "feat_dim", 128)) or 128,
+         "wordnet_dir": osp.realpath(str(_get(cfg, "wordnet_dir", "/usr/share/wordnet")))}
+    if k["task"] == "link":  # the held-out edges and negatives (node-task caches keep their key)
+        k["link_split"] = link_knobs()
+    return k
 
 
 def _build(tmp: str, name: str, k: Dict[str, object]) -> None:
@@ -122,15 +124,8 @@ def _build(tmp: str, name: str, k: Dict[str, object]) -> None:
         a, b = int(0.6 * n), int(0.8 * n)
         L.write_node_split(tmp, "random", {"train": perm[:a], "valid": perm[a:b], "test": perm[b:]})
     else:
-        e = edges.shape[1]
-        perm = rng.permutation(e)
-        nv = nt = max(1, int(HOLDOUT * e))
-        va, te, tr = perm[:nv], perm[nv:nv + nt], np.sort(perm[nv + nt:])
-        L.write_raw(tmp, edges=edges[:, tr], num_nodes=n, feat=feat)
-        split = {"train": {"source_node": edges[0, tr], "target_node": edges[1, tr]}}
-        for part, idx in (("valid", va), ("test", te)):
-            split[part] = {"source_node": edges[0, idx], "target_node": edges[1, idx],
-                           "target_node_neg": rng.integers(0, n, size=(idx.shape[0], NUM_NEG))}
+        train_edges, split = hold_out(edges, n, rng)
+        L.write_raw(tmp, edges=train_edges, num_nodes=n, feat=feat)
         L.write_link_split(tmp, "random", split)
     with open(osp.join(tmp, "params.json"), "w") as fh:
         json.dump(k, fh, indent=1)
@@ -169,4 +164,5 @@ def load_wordnet(cfg) -> GraphData:
                          evaluate=accuracy_evaluator(), info={"dir": d, "source": "wordnet"})
     _, g, split = _read(name, d, k)
     return GraphData(name=name, task="link", graph=g, num_classes=0, metric="mrr", evaluate=mrr_evaluator(),
-                     link_split=split, info={"dir": d, "source": "wordnet", "num_neg": NUM_NEG})
+                     link_split=split, info={"dir": d, "source": "wordnet",
+                                             "num_neg": int(split["valid"]["target_node_neg"].shape[1])})

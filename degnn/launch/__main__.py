@@ -62,6 +62,7 @@ def main(cfg: DictConfig) -> None:
         check_config(cfg)
         machines = machines_of(cfg.cluster)
         pipeline_cls = get_pipeline(cfg.pipeline.name)
+        pipeline_cls.check_task(cfg)
         check_model_config(cfg.model)
         # the pipeline's own checks; it may pick the partition (TMA's variants) for every process
         task += pipeline_cls.prepare_launch(cfg, task)

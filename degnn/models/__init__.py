@@ -1,4 +1,5 @@
-"""GNN encoders (SAGE, GCN, GAT) on DGL's own layers (`dgl.nn`), over DGL blocks or graphs.
+"""GNN encoders (SAGE, GCN, GAT) on DGL's own layers (`dgl.nn`), over DGL blocks or graphs, and
+the link-prediction model (an encoder and an MLP decoder on the endpoints' elementwise product).
 
 DGL's kernels aggregate without materialising a row per edge, and SAGEConv projects before it
 aggregates when that is cheaper: on one wordnet batch a 2-layer SAGE forward+backward takes
@@ -121,3 +122,52 @@ def build_model(model_cfg, in_dim: int, out_dim: int) -> GNN:
     check_model_config(model_cfg)
     return GNN(model_cfg.name, in_dim, model_cfg.hidden, out_dim, model_cfg.layers,
                model_cfg.dropout, model_cfg.heads)
+
+
+class MLPDecoder(nn.Module):
+    """The TMA paper's link decoder (reference/tma.md §4.2): h_u * h_v -> Linear(d, d) -> PReLU ->
+    Linear(d, 1), a logit per pair. Works on any leading shape ([E, d], [E, k, d])."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.hidden = nn.Linear(dim, dim)
+        self.act = nn.PReLU()
+        self.out = nn.Linear(dim, 1)
+
+    def forward(self, h_src: torch.Tensor, h_dst: torch.Tensor) -> torch.Tensor:
+        return self.out(self.act(self.hidden(h_src * h_dst))).squeeze(-1)
+
+
+class LinkModel(nn.Module):
+    """Encoder (GNN, `hidden` wide output) + MLPDecoder.
+
+    `forward(blocks, x, pos_graph, neg_graph)` -> (logits of the positive pairs, of the negative
+    pairs), the pair graphs numbered like the top block's destination nodes (DGL's edge loaders
+    compact them so). `num_layers` / `layer_forward` are the encoder's, so layer-wise full-neighbour
+    inference works unchanged; `decoder` scores pairs of those embeddings.
+    """
+
+    def __init__(self, encoder: GNN, dim: int):
+        super().__init__()
+        self.encoder = encoder
+        self.decoder = MLPDecoder(dim)
+
+    @property
+    def num_layers(self) -> int:
+        return self.encoder.num_layers
+
+    def layer_forward(self, i: int, block, x_src: torch.Tensor) -> torch.Tensor:
+        return self.encoder.layer_forward(i, block, x_src)
+
+    def score(self, h: torch.Tensor, pairs) -> torch.Tensor:
+        src, dst = pairs.edges()
+        return self.decoder(h[src.long()], h[dst.long()])
+
+    def forward(self, blocks: Sequence, x: torch.Tensor, pos_graph, neg_graph):
+        h = self.encoder(blocks, x)
+        return self.score(h, pos_graph), self.score(h, neg_graph)
+
+
+def build_link_model(model_cfg, in_dim: int) -> LinkModel:
+    """The encoder of `model_cfg` with a `hidden`-wide output, and the MLP decoder."""
+    return LinkModel(build_model(model_cfg, in_dim, model_cfg.hidden), model_cfg.hidden)

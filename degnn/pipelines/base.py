@@ -61,8 +61,13 @@ def broadcast_object(obj, src: int = 0):
     return box[0]
 
 
+TASKS = {"node": "node classification", "link": "link prediction"}
+
+
 class Pipeline:
     name = "base"
+    # the dataset tasks (dataset.task) it trains; the launcher refuses others before anything starts
+    tasks: Tuple[str, ...] = ("node",)
     # The launcher's fault policy is the pipeline's to declare. False: trainers meet in gloo
     # collectives (all-reduce, barrier, all_gather), which hang or abort on a dead peer, so one dead
     # process stops the cluster. True (TMA): trainers never use torch.distributed (entry.py does not
@@ -73,6 +78,16 @@ class Pipeline:
     # (tolerates_trainer_faults only) whether every trainer was alive at the end, so that DGL's
     # exit barrier can complete (entry.py)
     all_trainers_alive = False
+
+    @classmethod
+    def check_task(cls, cfg) -> None:
+        """ValueError (one line) when this pipeline does not train the dataset's task."""
+        task = cfg.dataset.task
+        if task not in cls.tasks:
+            what = " and ".join(TASKS.get(t, t) for t in cls.tasks)
+            others = "pipeline=distdgl or pipeline=tma" if task == "link" else "another pipeline"
+            raise ValueError(f"pipeline={cls.name} trains {what} only; dataset {cfg.dataset.name} is a "
+                             f"{TASKS.get(task, task)} task (dataset.task={task}): use {others}")
 
     @classmethod
     def prepare_launch(cls, cfg, task_overrides) -> List[str]:

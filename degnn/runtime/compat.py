@@ -5,8 +5,10 @@ import os
 import re
 from typing import List, Optional, Tuple
 
-# DGL 1.1.x keeps DistNodeDataLoader in dgl.dataloading; 2.4 moved it (and left a shim here).
-from dgl.dataloading import DistNodeDataLoader, NeighborSampler, MultiLayerFullNeighborSampler  # noqa: F401
+# DGL 1.1.x keeps DistNodeDataLoader and DistEdgeDataLoader in dgl.dataloading; 2.4 moved them (and
+# left a shim there).
+from dgl.dataloading import (DistEdgeDataLoader, DistNodeDataLoader, MultiLayerFullNeighborSampler,  # noqa: F401
+                             NeighborSampler)
 
 _LOCAL_RANK_ARG = re.compile(r"^--local[-_]rank(=(\d+))?$")
 

@@ -4,6 +4,10 @@ sampled node from the KVStore, and synchronise gradients with DDP (one step per 
 One batch: DistNodeDataLoader samples the multi-hop neighbourhood of the seeds (sampling RPCs to
 the machines that own them) -> the features of all input nodes are pulled (remote rows cross the
 network) -> forward/backward through the DDP wrapper -> gradient all-reduce -> Adam step.
+
+Link task (the TMA paper's synchronous baseline): the same loop over mini-batches of training
+edges from DistEdgeDataLoader, one uniform negative per positive, the MLP decoder and BCE
+(degnn/pipelines/link.py); evaluation is MRR against each held-out edge's 1000 negatives.
 """
 from __future__ import annotations
 
@@ -12,13 +16,14 @@ from typing import Optional, Tuple
 import dgl
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from degnn.metrics import ring_allreduce_bytes, timed_allreduce_hook
-from degnn.models import build_model
+from degnn.models import build_link_model, build_model
 from degnn.pipelines.base import Pipeline
 from degnn.pipelines.evaluation import DistEvaluator, dataset_evaluator
+from degnn.pipelines.link import (batch_inputs, dist_edge_loader, edge_lookup_bytes, inputs_loss,
+                                  load_link_split, negatives_per_positive)
 from degnn.runtime.compat import DistNodeDataLoader, NeighborSampler
 
 ID_BYTES = 8  # int64 node / edge ids on the wire
@@ -52,20 +57,35 @@ def num_classes_of(g, train_nids) -> int:
 class DistDGLPipeline(Pipeline):
     name = "distdgl"
     metric = "acc"
+    tasks = ("node", "link")
 
     def setup(self) -> None:
         ctx, cfg = self.ctx, self.cfg
-        if cfg.dataset.task != "node":
-            raise ValueError(f"pipeline=distdgl trains node classification; dataset {cfg.dataset.name} is a "
-                             f"{cfg.dataset.task} task")
+        self.check_task(cfg)
         g = ctx.graph
         self.pb = g.get_partition_book()
-        self.train_nids = dgl.distributed.node_split(g.ndata["train_mask"], self.pb, force_even=True)
+        self.link = cfg.dataset.task == "link"
         in_dim = g.ndata["feat"].shape[1]
         self.feat_row_bytes = in_dim * 4
-        num_classes = num_classes_of(g, self.train_nids)
-        torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
-        self.model = build_model(cfg.model, in_dim, num_classes)
+        link_split = None
+        if self.link:
+            self.metric = "mrr"
+            # every edge of the training graph (both directions) supervises; the held-out edges
+            # are not in it
+            self.train_ids = dgl.distributed.edge_split(torch.ones(g.num_edges(), dtype=torch.bool), self.pb,
+                                                        force_even=True)
+            self.label, num_classes = None, None
+            link_split = load_link_split(ctx.part_config)
+            torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
+            self.model = build_link_model(cfg.model, in_dim)
+            out_dims = [cfg.model.hidden] * cfg.model.layers
+        else:
+            self.train_ids = dgl.distributed.node_split(g.ndata["train_mask"], self.pb, force_even=True)
+            self.label = g.ndata["label"]
+            num_classes = num_classes_of(g, self.train_ids)
+            torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
+            self.model = build_model(cfg.model, in_dim, num_classes)
+            out_dims = [cfg.model.hidden] * (cfg.model.layers - 1) + [num_classes]
         torch.manual_seed(cfg.train.seed + ctx.rank)
         # Every forward goes through the DDP wrapper: calling submodules directly would skip
         # DDP's gradient hooks silently (docs/design.md, "Pitfalls the code relies on").
@@ -74,18 +94,40 @@ class DistDGLPipeline(Pipeline):
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.train.lr,
                                           weight_decay=cfg.train.weight_decay)
         self.param_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        self.loader = DistNodeDataLoader(g, self.train_nids, NeighborSampler(list(cfg.model.fanouts)),
-                                         batch_size=cfg.train.batch_size, shuffle=True, drop_last=False)
-        hidden_out = cfg.model.hidden
-        out_dims = [hidden_out] * (cfg.model.layers - 1) + [num_classes]
-        self.evaluator = DistEvaluator(ctx, self.model, out_dims, dataset_evaluator(cfg.dataset.name),
-                                       cfg.train.eval_batch_size)
+        if self.link:
+            self.loader = dist_edge_loader(g, self.train_ids, cfg.model.fanouts, cfg.train.batch_size)
+        else:
+            self.loader = DistNodeDataLoader(g, self.train_ids, NeighborSampler(list(cfg.model.fanouts)),
+                                             batch_size=cfg.train.batch_size, shuffle=True, drop_last=False)
+        self.evaluator = DistEvaluator(ctx, self.model, out_dims, dataset_evaluator(cfg.dataset),
+                                       cfg.train.eval_batch_size, link_split=link_split)
         self.num_classes = num_classes
-        self.log.info("distdgl: %d train nodes on this trainer, %d classes, %d parameters",
-                      len(self.train_nids), num_classes, sum(p.numel() for p in self.model.parameters()))
+        self._batch_iter = None  # train.batches_per_epoch: the pass under way
+        self.link_info = {}
+        if self.link:
+            self.link_info = {"eval_num_neg": int(link_split["valid"]["target_node_neg"].shape[1]),
+                              "eval_edges": {p: len(d["source_node"]) for p, d in link_split.items()}}
+        self.log.info("distdgl: %d train %s on this trainer, %s, %d parameters", len(self.train_ids),
+                      "edges" if self.link else "nodes",
+                      "MRR" if self.link else f"{num_classes} classes",
+                      sum(p.numel() for p in self.model.parameters()))
 
     def batches_per_epoch(self) -> Optional[int]:
-        return -(-len(self.train_nids) // self.cfg.train.batch_size)
+        return self.cfg.train.batches_per_epoch or -(-len(self.train_ids) // self.cfg.train.batch_size)
+
+    def _epoch_batches(self):
+        """One pass over the loader, or (train.batches_per_epoch=N) the next N batches of it,
+        starting a new pass whenever one ends. Every rank takes the same number of steps (DDP)."""
+        n = self.cfg.train.batches_per_epoch
+        if not n:
+            yield from self.loader
+            return
+        for _ in range(n):
+            batch = None if self._batch_iter is None else next(self._batch_iter, None)
+            if batch is None:  # no pass under way yet, or it ended
+                self._batch_iter = iter(self.loader)
+                batch = next(self._batch_iter)
+            yield batch
 
     def train_epoch(self, epoch: int, progress) -> Tuple[float, int]:
         counter, g = self.ctx.counter, self.ctx.graph
@@ -93,24 +135,25 @@ class DistDGLPipeline(Pipeline):
         self.ddp.train()
         total, n = 0.0, 0
         timer = self.timer
-        batches = iter(self.loader)
+        batches = self._epoch_batches()
         while True:
             with timer("sampling"):  # DGL's sampler, with its sampling RPCs to other machines
+                # node: (input_nodes, seeds, blocks); link: (input_nodes, pos, neg, blocks)
                 batch = next(batches, None)
             if batch is None:
                 break
-            input_nodes, seeds, blocks = batch
+            input_nodes, blocks = batch[0], batch[-1]
             remote = self.pb.nid2partid(input_nodes) != self.pb.partid
-            counter.add("sampling", sampling_bytes(remote, blocks))
+            counter.add("sampling", sampling_bytes(remote, blocks) + edge_lookup_bytes(self.pb, batch))
             # remote feature rows: 8 bytes of id out, one feature row back
             counter.add("features", int(remote.sum()) * (self.feat_row_bytes + ID_BYTES))
-            with timer("owner_wait"):  # the feature pull from the machines that own the rows
-                x = g.ndata["feat"][input_nodes]
-                y = g.ndata["label"][seeds].long()
+            if self.link and "train_neg_per_pos" not in self.link_info:
+                self.link_info["train_neg_per_pos"] = negatives_per_positive(batch)
+            with timer("owner_wait"):  # the feature (and label) pulls from the machines that own the rows
+                x, y = batch_inputs(batch, g.ndata["feat"], self.label)
             with timer("compute"):
                 allreduce0 = timer.total["allreduce"]
-                out = self.ddp(blocks, x)
-                loss = F.cross_entropy(out, y)
+                loss = inputs_loss(self.ddp, batch, x, y)
                 self.optimizer.zero_grad()
                 loss.backward()  # DDP all-reduces the gradients here (timed by the hook)
                 self.optimizer.step()
@@ -129,4 +172,4 @@ class DistDGLPipeline(Pipeline):
         return self.evaluator()
 
     def extra_summary(self):
-        return {"fanouts": list(self.cfg.model.fanouts), "num_classes": self.num_classes}
+        return {"fanouts": list(self.cfg.model.fanouts), "num_classes": self.num_classes, **self.link_info}

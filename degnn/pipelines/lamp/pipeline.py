@@ -96,9 +96,7 @@ class LAMPPipeline(Pipeline):
     def setup(self) -> None:
         ctx, cfg = self.ctx, self.cfg
         pcfg = cfg.pipeline
-        if cfg.dataset.task != "node":
-            raise ValueError(f"pipeline=lamp trains node classification; dataset {cfg.dataset.name} is a "
-                             f"{cfg.dataset.task} task")
+        self.check_task(cfg)
         check_lamp_config(pcfg, cfg.model)
         self.bits, self.L = int(pcfg.bits), int(cfg.model.layers)
         self.fanouts = [int(f) for f in cfg.model.fanouts]
@@ -124,7 +122,7 @@ class LAMPPipeline(Pipeline):
                                           weight_decay=cfg.train.weight_decay)
         self.param_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         out_dims = [cfg.model.hidden] * (self.L - 1) + [self.num_classes]
-        self.evaluator = DistEvaluator(ctx, self.model, out_dims, dataset_evaluator(cfg.dataset.name),
+        self.evaluator = DistEvaluator(ctx, self.model, out_dims, dataset_evaluator(cfg.dataset),
                                        cfg.train.eval_batch_size)
 
         # this machine's partition, as its graph server sees it

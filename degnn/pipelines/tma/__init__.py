@@ -23,6 +23,10 @@ No torch.distributed at all (Pipeline.tolerates_trainer_faults): a trainer that 
 the next deadline, a dead evaluator is replaced, and the launcher lets the run finish and stops the
 servers. `drop_parts` is the paper's simulated failure: those machines' trainers never train.
 
+Link task (the paper's own task): each trainer's supervision edges are its subgraph's edges (one
+uniform local negative each, BCE, the MLP decoder; degnn/pipelines/link.py); the evaluator ranks
+the held-out edges carried with the partition against their 1000 negatives (MRR).
+
 Checkpoints: after every round each trainer writes its own model and optimizer
 (`tma_rank<r>.pt`, the models are equal right after an averaging but the Adam states are not),
 and the evaluator writes `checkpoint.pt` (the averaged model and the run's state); `resume=`
@@ -41,16 +45,16 @@ from typing import Dict, List, Optional
 
 import dgl
 import torch
-import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from degnn.config import CONF_DIR
 from degnn.metrics import append_curve
-from degnn.models import build_model
+from degnn.models import build_link_model, build_model
 from degnn.pipelines.base import CHECKPOINT, Pipeline, rng_state, set_rng_state
 from degnn.runtime.checkpoint import config_identity
 from degnn.pipelines.evaluation import dataset_evaluator
+from degnn.pipelines.link import batch_loss, load_link_split, local_edge_loader, negatives_per_positive
 from degnn.runtime.compat import NeighborSampler
 
 
@@ -87,6 +91,7 @@ class Replaced(Exception):
 class TMAPipeline(Pipeline):
     name = "tma"
     metric = "acc"
+    tasks = ("node", "link")
     tolerates_trainer_faults = True
 
     # --- the launcher's preflight ---------------------------------------------------------------
@@ -106,9 +111,7 @@ class TMAPipeline(Pipeline):
             raise ValueError(f"pipeline.weighting={p.weighting!r}: choose uniform or train_nodes")
         if p.grad_clip < 0 or p.corr_steps < 0:
             raise ValueError("pipeline.grad_clip and pipeline.corr_steps must be >= 0")
-        if cfg.dataset.task != "node":
-            raise ValueError(f"pipeline=tma trains node classification; dataset {cfg.dataset.name} is a "
-                             f"{cfg.dataset.task} task")
+        cls.check_task(cfg)
         if cfg.cluster.trainers_per_machine != 1:
             raise ValueError("pipeline=tma trains one model per machine (its partition): set "
                              "cluster.trainers_per_machine=1")
@@ -150,24 +153,35 @@ class TMAPipeline(Pipeline):
         tpm = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", cfg.cluster.trainers_per_machine)))
         self.active = [r for r in range(ctx.world_size) if r // tpm not in set(p.drop_parts)]
         self.dropped = self.part in set(p.drop_parts)
-        self.evaluate_fn = dataset_evaluator(cfg.dataset.name)
+        self.evaluate_fn = dataset_evaluator(cfg.dataset)
+        self.link = cfg.dataset.task == "link"
+        self.link_split = None  # loaded when this trainer first evaluates
+        self.link_info = {}
         self.client = CoordinatorClient(ctx.rank, ctx.counter)
-        self.local = build_local_data(g, str(ctx.part_config), self.log)
+        self.local = build_local_data(g, str(ctx.part_config), self.log, link=self.link)
         in_dim = self.local.graph.ndata["feat"].shape[1]
         self.in_dim = in_dim
-        self.num_classes = self._num_classes(g)
         torch.manual_seed(cfg.train.seed)  # the same initial weights everywhere (round 0 makes sure)
-        self.model = build_model(cfg.model, in_dim, self.num_classes)
+        if self.link:
+            self.metric = "mrr"
+            self.num_classes = None
+            self.model = build_link_model(cfg.model, in_dim)
+        else:
+            self.num_classes = self._num_classes(g)
+            self.model = build_model(cfg.model, in_dim, self.num_classes)
         torch.manual_seed(cfg.train.seed + 1000 * (ctx.rank + 1))
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=cfg.train.lr,
                                           weight_decay=cfg.train.weight_decay)
         self.param_bytes = sum(t.numel() * t.element_size() for t in self.model.parameters())
-        n_train = len(self.local.train_nids)
+        n_train = len(self.local.train_ids)  # train nodes, or (link task) local edges
         self.steps_per_epoch = max(1, -(-n_train // cfg.train.batch_size))
         self.loader = None
-        if n_train:
+        if n_train and self.link:
+            self.loader = local_edge_loader(self.local.graph, self.local.train_ids, cfg.model.fanouts,
+                                            cfg.train.batch_size)
+        elif n_train:
             self.loader = dgl.dataloading.DataLoader(
-                self.local.graph, self.local.train_nids, NeighborSampler(list(cfg.model.fanouts)),
+                self.local.graph, self.local.train_ids, NeighborSampler(list(cfg.model.fanouts)),
                 batch_size=cfg.train.batch_size, shuffle=True, drop_last=False)
         self.batch_iter = None
         self.weight = 1.0 if p.weighting == "uniform" else float(n_train)
@@ -180,11 +194,11 @@ class TMAPipeline(Pipeline):
         self.kill_at = parse_duration(p.kill_at) if p.kill_rank == ctx.rank else None
         g_local = self.local.graph
         self.log.info("tma/%s: partition %d%s: %d nodes, %d of %d edges kept (cross-partition edges "
-                      "dropped), %d train nodes; %d classes, %d parameters; %d rounds of %.0fs",
+                      "dropped), %d train %s; %s, %d parameters; %d rounds of %.0fs",
                       p.variant, self.part, " (dropped: never trains)" if self.dropped else "",
                       g_local.num_nodes(), g_local.num_edges(), self.local.edges_total, n_train,
-                      self.num_classes, sum(t.numel() for t in self.model.parameters()),
-                      self.rounds_total, self.sync_s)
+                      "edges" if self.link else "nodes", "MRR" if self.link else f"{self.num_classes} classes",
+                      sum(t.numel() for t in self.model.parameters()), self.rounds_total, self.sync_s)
 
     def _num_classes(self, g) -> int:
         """Classes over the whole graph's train labels (as distdgl counts them), without a collective."""
@@ -224,6 +238,7 @@ class TMAPipeline(Pipeline):
             return 0, float("nan")
         p = self.cfg.pipeline
         g = self.local.graph
+        label = None if self.link else g.ndata["label"]
         self.model.train()
         t_end = time.time() + seconds
         total, n = 0.0, 0
@@ -231,10 +246,10 @@ class TMAPipeline(Pipeline):
         while time.time() < t_end:
             if self.cfg.pipeline.kill_during == "train":
                 self._maybe_die(self.train_s + time.time() - t_start, "training")
-            input_nodes, seeds, blocks = self._next_batch()
-            x = g.ndata["feat"][input_nodes]
-            y = g.ndata["label"][seeds]
-            loss = F.cross_entropy(self.model(blocks, x), y)
+            batch = self._next_batch()
+            if self.link and "train_neg_per_pos" not in self.link_info:
+                self.link_info["train_neg_per_pos"] = negatives_per_positive(batch)
+            loss = batch_loss(self.model, batch, g.ndata["feat"], label)
             self.optimizer.zero_grad()
             loss.backward()
             if p.grad_clip > 0 and self.steps / self.steps_per_epoch >= p.grad_clip_since:
@@ -256,7 +271,8 @@ class TMAPipeline(Pipeline):
     def my_stats(self) -> dict:
         return {"rank": self.ctx.rank, "part": self.part, "steps": self.steps, "train_s": round(self.train_s, 3),
                 "local_epochs": self.steps / self.steps_per_epoch,
-                "train_nodes": int(len(self.local.train_nids)), "nodes": self.local.graph.num_nodes(),
+                "train_edges" if self.link else "train_nodes": int(len(self.local.train_ids)),
+                "nodes": self.local.graph.num_nodes(),
                 "edges": self.local.graph.num_edges(), "edges_total": self.local.edges_total,
                 **self.rank_stats()}
 
@@ -272,7 +288,9 @@ class TMAPipeline(Pipeline):
         if self.whole is None:
             from .whole import WholeGraph
 
-            self.whole = WholeGraph(self.ctx.graph, self.ctx.counter, self._beat)
+            self.whole = WholeGraph(self.ctx.graph, self.ctx.counter, self._beat, link=self.link)
+            if self.link:
+                self.link_split = load_link_split(self.ctx.part_config)
             self.log.info("tma: whole graph fetched for evaluation in %.1fs (%d nodes, %d edges)",
                           self.whole.fetch_s, self.whole.graph.num_nodes(), self.whole.graph.num_edges())
         return self.whole
@@ -293,13 +311,13 @@ class TMAPipeline(Pipeline):
                 from .whole import Corrector
 
                 self.corrector = Corrector(ctx.graph, cfg, self.in_dim, self.num_classes,
-                                           whole.train_nids, ctx.counter)
+                                           None if self.link else whole.train_nids, ctx.counter, link=self.link)
             corrected = self.corrector.correct(mean, cfg.pipeline.corr_steps, self._beat)
             self._load_flat(corrected)
             corr_s = time.time() - t0  # correction is LLCG's training: on the clock
         state["train_time_s"] += round_s + corr_s
         state["epoch_times"].append(round_s + corr_s)
-        val, test = whole.evaluate(self.model, self.evaluate_fn)
+        val, test = whole.evaluate(self.model, self.evaluate_fn, self.link_split)
         # still this round's evaluator? (a slow one may have been replaced: it writes nothing)
         self.last_beat = 0.0
         self._beat()
@@ -503,4 +521,14 @@ class TMAPipeline(Pipeline):
             "correction_bytes": int(cats.get("correction", 0)),
             "fanouts": list(self.cfg.model.fanouts), "num_classes": self.num_classes,
             "best_round": self._final_state["best_epoch"],
+            # what the induced subgraphs keep of the graph's edges (cut edges are dropped)
+            "edges_kept_fraction": (sum(s.get("edges", 0) for s in stats.values())
+                                    / max(1, sum(s.get("edges_total", 0) for s in stats.values()))),
+            **self.link_summary(),
         }
+
+    def link_summary(self) -> dict:
+        if not self.link:
+            return {}
+        return {**self.link_info, "eval_num_neg": int(self.link_split["valid"]["target_node_neg"].shape[1]),
+                "eval_edges": {p: len(d["source_node"]) for p, d in self.link_split.items()}}

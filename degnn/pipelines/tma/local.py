@@ -8,6 +8,9 @@ build a fresh, plain DGLGraph from them. (Sampling directly on the shared-memory
 aborted with std::bad_alloc in DGL 1.1.3, DESIGN.md, and it would see the halo.) Features, labels
 and the train mask of the owned nodes are read once from the local KVStore server, through
 shared memory: no byte on the wire.
+
+Link task: the supervision edges are every edge of that subgraph (reference/tma.md §2.2), so
+cross-partition edges are dropped for training too; the graph holds no held-out edge.
 """
 from __future__ import annotations
 
@@ -19,9 +22,10 @@ import torch
 
 @dataclass
 class LocalData:
-    graph: dgl.DGLGraph  # inner nodes only, relabelled 0..n-1, ndata feat/label
+    graph: dgl.DGLGraph  # inner nodes only, relabelled 0..n-1, ndata feat (and label: node task)
     global_ids: torch.Tensor  # local id -> DistGraph id
-    train_nids: torch.Tensor  # local ids of the owned train nodes
+    # node task: local ids of the owned train nodes; link task: every local edge id
+    train_ids: torch.Tensor
     edges_total: int  # edges of the local partition before dropping the cut ones (inner dst)
 
 
@@ -35,7 +39,7 @@ def _csc_edges(part: dgl.DGLGraph):
     return part.edges()
 
 
-def build_local_data(g, part_config: str, log) -> LocalData:
+def build_local_data(g, part_config: str, log, link: bool = False) -> LocalData:
     part = g.local_partition
     if part is None:
         # trainers on machines without a graph server (not how degnn launches): read this
@@ -57,7 +61,9 @@ def build_local_data(g, part_config: str, log) -> LocalData:
     local = dgl.graph((remap[src[keep]], remap[dst[keep]]), num_nodes=n)
     # owned rows of the KVStore: served by this machine's server through shared memory
     local.ndata["feat"] = g.ndata["feat"][gids].float()
-    local.ndata["label"] = g.ndata["label"][gids].long()
-    train_mask = g.ndata["train_mask"][gids].bool()
-    return LocalData(graph=local, global_ids=gids, train_nids=train_mask.nonzero().squeeze(1),
-                     edges_total=int(into_inner.sum()))
+    if link:
+        train_ids = torch.arange(local.num_edges())
+    else:
+        local.ndata["label"] = g.ndata["label"][gids].long()
+        train_ids = g.ndata["train_mask"][gids].bool().nonzero().squeeze(1)
+    return LocalData(graph=local, global_ids=gids, train_ids=train_ids, edges_total=int(into_inner.sum()))
