@@ -176,7 +176,7 @@ def test_two_machines_train_links_with_distdgl_then_random_tma(tmp_path):
         assert s["train_neg_per_pos"] == 1.0 and s["eval_num_neg"] == 1000, s
         # chance is 0.0075 +- 0.0015 on these 675 edges: 0.012 is three standard deviations above
         assert s["best_val"] > 0.012 and s["test"] is not None, s
-        assert f"metric=mrr" in r.stdout
+        assert "metric=mrr" in r.stdout
     d, t = summaries["distdgl"], summaries["tma"]
     assert d["epochs"] == 3 and d["batches"] == 3 * 25 * 2  # epochs of 25 batches per trainer
     # the same held-out edges (and negatives, from the same dataset) for both

@@ -24,7 +24,6 @@ from __future__ import annotations
 import traceback
 from typing import List, Optional, Sequence, Tuple
 
-import dgl
 import torch
 from dgl.distributed import rpc
 
