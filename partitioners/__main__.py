@@ -47,7 +47,7 @@ def run(cfg: DictConfig) -> Path:
             balance_edges=bool(pc.balance_edges),
             force=bool(cfg.force),
             settings=_settings(cfg.dataset, pc),
-            link_split=data.link_split if data.task == "link" else None,
+            link_split=getattr(data, "link_split", None),  # None for a node task
         )
     except (PartitionError, DatasetError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -329,5 +329,5 @@ def ensure_partitions(dataset_cfg, partition_cfg) -> Path:
             int(partition_cfg.num_supernodes),
             bool(partition_cfg.balance_edges),
             settings,
-            link_split=data.link_split if data.task == "link" else None,
+            link_split=getattr(data, "link_split", None),  # None for a node task
         )

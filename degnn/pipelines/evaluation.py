@@ -63,7 +63,7 @@ class DistEvaluator:
             for p, d in link_split.items():
                 m = len(d["source_node"])
                 rows = slice(r * m // w, (r + 1) * m // w)
-                self.links[p] = (d["source_node"][rows], d["target_node"][rows], d["target_node_neg"][rows])
+                self.links[p] = (d["source_node"][rows], d["target_node"][rows], d["target_node_neg"][rows].long())
         else:
             self.val_nids = dgl.distributed.node_split(g.ndata["val_mask"], self.pb, force_even=True)
             self.test_nids = dgl.distributed.node_split(g.ndata["test_mask"], self.pb, force_even=True)
