@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import fake_entry
+from netns_support import REASON
 from timing import budget
 from degnn.launch.netns import list_links, list_namespaces
 from degnn.proc import environ_of, pids_with_env
@@ -28,20 +28,6 @@ REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
 
-def _netns_reason():
-    if os.geteuid() != 0:
-        return "cluster=netns needs root"
-    if not all(shutil.which(t) for t in ("ip", "nsenter", "unshare")):
-        return "ip/nsenter/unshare not installed"
-    name = f"degnnprobe{os.getpid()}"
-    r = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
-    if r.returncode != 0:
-        return f"network namespaces not permitted here: {r.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    return None
-
-
-REASON = _netns_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 
 

@@ -6,8 +6,6 @@ cluster running distdgl and then RandomTMA on a tiny link graph."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +14,8 @@ import dgl
 import pytest
 import torch
 from omegaconf import OmegaConf
+
+from netns_support import needs_netns
 
 from degnn.data import load_dataset
 from degnn.data.evaluate import reciprocal_ranks
@@ -147,15 +147,7 @@ def test_batches_per_epoch_is_checked_before_anything_starts():
 
 
 # ---- a real 2-machine cluster ----------------------------------------------------------------------------
-def _netns_reason():
-    if os.geteuid() != 0:
-        return "cluster=netns needs root"
-    if not all(shutil.which(t) for t in ("ip", "nsenter", "unshare")):
-        return "ip/nsenter/unshare not installed"
-    return None
-
-
-@pytest.mark.skipif(_netns_reason() is not None, reason=str(_netns_reason()))
+@needs_netns
 def test_two_machines_train_links_with_distdgl_then_random_tma(tmp_path):
     """distdgl (DistEdgeDataLoader through the servers, DDP) and RandomTMA (each trainer on its own
     subgraph's edges) on synthetic-tiny-link, 2 netns machines: both train, rank the held-out edges

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 import fake_entry
+from netns_support import needs_netns
 from degnn.launch.netns import list_namespaces
 from degnn.launch.plan import Plan, Proc
 from degnn.launch.supervisor import Supervisor
@@ -231,15 +231,7 @@ def test_supervisor_tolerant_policy_still_stops_on_a_dead_server_or_no_trainer_l
 
 
 # ---- real runs (netns) ---------------------------------------------------------------------------------------
-def _netns_reason():
-    if os.geteuid() != 0:
-        return "cluster=netns needs root"
-    if not all(shutil.which(t) for t in ("ip", "nsenter", "unshare")):
-        return "ip/nsenter/unshare not installed"
-    return None
-
-
-netns = pytest.mark.skipif(_netns_reason() is not None, reason=str(_netns_reason()))
+netns = needs_netns
 BASE = ["-m", "degnn.launch", "pipeline=tma", "cluster=netns", "dataset=synthetic-tiny"]
 
 
