@@ -404,9 +404,14 @@ def plot_tma(group: List[dict], base: Optional[dict], target: Optional[float], p
 
 
 def _finish(fig, ax, path: Path) -> Path:
-    """Grid, legend, save, close: the end of every line plot here."""
+    """Grid, legend, save, close: the end of every one-axis line plot here."""
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    """Lay out, write the PNG, free the figure: the end of every plot here."""
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -606,10 +611,7 @@ def plot_breakdown(runs: List[dict], path: Path) -> Optional[Path]:
     ax.set_ylabel("ms per batch (per trainer)")
     ax.legend(fontsize=7)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_curves(runs: List[dict], path: Path) -> Optional[Path]:
@@ -630,10 +632,7 @@ def plot_curves(runs: List[dict], path: Path) -> Optional[Path]:
         ax.set_ylabel(f"validation {group[0].get('metric', 'acc')}")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_bytes(runs: List[dict], path: Path) -> Optional[Path]:
@@ -652,10 +651,7 @@ def plot_bytes(runs: List[dict], path: Path) -> Optional[Path]:
     ax.set_ylabel("KB per batch (per trainer)")
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def write_report(results: Path, title: str = "degnn benchmark") -> Path:
