@@ -17,7 +17,7 @@ import torch
 from degnn.models import GNN
 from degnn.pipelines.lamp.pipeline import LampNet
 from degnn.pipelines.lamp.graph import LocalGraph, fusion_counts, unfold
-from degnn.pipelines.lamp.history import History
+from degnn.pipelines.lamp.history import History, oldest_first
 from degnn.pipelines.lamp.quantize import BITS, QRows, dequantize, quantize, row_bytes
 from degnn.pipelines.lamp import service
 
@@ -119,6 +119,25 @@ def block_edges(cg, k):
     s, d = cg.blocks[k].edges()
     src_ids = torch.cat([cg.inner_src[k], cg.leaves[k]])
     return sorted(zip(src_ids[s].tolist(), cg.dst[k][d].tolist()))
+
+
+
+def test_budgeted_halo_sync_refreshes_the_oldest_rows_first_round_robin():
+    """pipeline.sync_budget: each sync takes the rows refreshed longest ago, over every table;
+    stamping them makes the next syncs go round the rest before any row comes back."""
+    refreshed = torch.zeros(2, 10, dtype=torch.int64)
+    refreshed[1, 3] = -5  # the oldest row is taken first
+    g = torch.Generator().manual_seed(0)
+    t, r = oldest_first(refreshed, 1, g)
+    assert (t.tolist(), r.tolist()) == ([1], [3])
+    seen = []
+    for step in range(1, 6):  # 5 syncs of 4 rows cover all 20 (table, row) pairs exactly once
+        t, r = oldest_first(refreshed, 4, g)
+        assert len(t) == 4 and bool((refreshed[t, r] < step).all())
+        refreshed[t, r] = step
+        seen += list(zip(t.tolist(), r.tolist()))
+    assert sorted(seen) == [(a, b) for a in range(2) for b in range(10)]
+    assert len(oldest_first(refreshed, 0, g)[0]) == 0 and len(oldest_first(refreshed, 99, g)[0]) == 20
 
 
 def test_builder_expands_own_nodes_and_stops_at_halo_leaves():
@@ -525,6 +544,8 @@ def test_two_machine_lamp_run_trains_and_counts_its_bytes(roots, tmp_path):
     per_root = cats["lamp_response"] / (s["roots_per_batch"] * s["batches"])
     assert 132 <= per_root < 132 * 1.5, s
     assert s["history_age_max"] >= 1 and 0 < s["history_age_mean"] <= s["history_age_max"], s
+    # the halo sync's budget (default 0.25): at most a quarter as many rows as the LAMP answers carried
+    assert s["sync_budget"] == 0.25 and 0 < s["history_sync_rows_per_batch"] <= 0.25 * s["roots_per_batch"], s
     assert s["local_bytes_by_category"]["weights"] > 0 and s["setup_bytes"] > 0, s
     # the asynchronous pipeline: answers computed with weights at most prefetch + weight_sync_every
     # (+1: trainers a step apart) steps old; fusion saves computations; where the time went
@@ -605,6 +626,7 @@ def test_report_puts_lamp_beside_distdgl_and_plots_bytes_against_layers(tmp_path
             epoch_times_s=[1.0], history_age_mean=3.5, history_age_max=12, roots_per_batch=700.0,
             prefetch=1, fusion=True, grad="stop", fusion_saved_share=0.4, fusion_saved_share_requests=0.05,
             owner_requests_per_computation=1.3, owner_version_lag_mean=1.2, owner_version_lag_max=2,
+            sync_budget=0.25, history_sync_rows_per_batch=150.0,
             time_per_batch_s={"sampling": 0.02, "owner_wait": 0.01, "compute": 0.1, "allreduce": 0.03,
                               "history": 0.01, "other": 0.001})
     text = write_report(tmp_path).read_text()
@@ -615,8 +637,8 @@ def test_report_puts_lamp_beside_distdgl_and_plots_bytes_against_layers(tmp_path
     assert "| lamp | wordnet | 2 -> 4 | 0.2 | 0.3 | 1.40x |" in text
     assert (tmp_path / "lamp_bytes_vs_layers.png").stat().st_size > 1000
     # issue 9: the ablation table and the per-batch time breakdown (table and stacked bars)
-    assert ("| bytes-L3-lamp | wordnet | 3 | – | 1 | True | stop | 2.00 / 1.00 | **2.00x** | 10.0 | 100.0 | "
-            "40.0 / 5.0 | 1.30 | 1.20 / 2 | 3.5 | 0.4950 | 0.3 |") in text
+    assert ("| bytes-L3-lamp | wordnet | 3 | – | 1 | True | stop | 0.25 | 2.00 / 1.00 | **2.00x** | 10.0 | 100.0 | "
+            "40.0 / 5.0 | 1.30 | 1.20 / 2 | 3.5 | 150 | 0.4950 | 0.3 |") in text
     assert "| bytes-L3-lamp wordnet b8 k1 fusion=1 | 20.0 | 10.0 | 100.0 | 30.0 | 10.0 | 1.0 | 171.0 |" in text
     assert (tmp_path / "time_breakdown.png").stat().st_size > 1000
 

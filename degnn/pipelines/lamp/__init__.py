@@ -24,8 +24,11 @@ One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
    steps the trainer ships the layers below the top to its own machine's graph server(s):
    every machine has a trainer holding the same DDP weights, so owners never need weights
    from another machine (loopback, no wire). Every
-   `sync_every` steps each machine pulls, from each owner, the history rows of its halo nodes
-   written since the last sync (quantized as stored, with their stamps).
+   `sync_every` steps each machine pulls halo history rows from their owners (quantized as
+   stored, with their stamps): with `pipeline.sync_budget=r` (default 0.25) as many rows as r x
+   the LAMP answer rows its trainer received since the last sync, those refreshed longest ago
+   first (a round robin over tables and halo nodes); with `sync_budget=null` every halo row
+   written since the last sync.
 
 5. The asynchronous pipeline (`pipeline.prefetch=k`, pipeline.py `pipelined`): steps 1-2 of
    batch i+k run before batch i trains, so the owners prepare while the trainer computes; the
@@ -46,6 +49,17 @@ Choices where the paper is silent (reference/degnn.md §6), and why:
 * Histories keep h^(1..L-2) only (GAS keeps L-1 tables): a remote node's h^(L-1) is always
   prepared fresh by its owner, so that table would never be read; a 2-layer model has no
   history at all (nothing to push or synchronise).
+* The halo sync has a byte budget (`pipeline.sync_budget`), not only a period. Syncing every
+  changed halo row moves |halo| x (L-2) rows per `sync_every` steps: on synthetic-arxiv (23k halo
+  nodes a machine) ten times the per-batch LAMP traffic at 3 layers and twice that at 4, so the
+  bytes would grow with the layers after all. The design card's amortised cost
+  O(|boundary| (L-1) d_h b / R) says the same. With a budget of r x the answer rows the sync
+  adds at most r to the LAMP traffic whatever L is; the price is older halo rows (each row comes
+  back after (L-2) |halo| / (r x roots per step) steps, a few epochs here, GAS's regime: its
+  histories of out-of-batch nodes are up to an epoch old), measured as `history_age_*`. Oldest
+  first rather than most-changed first (a Sancus-style drift rule): with sampled neighbourhoods
+  every recomputed row drifts, so a drift threshold would skip little, and oldest first needs no
+  state at the owners (the subscriber knows when it last got each row).
 * Owners answer per-root h^(L-1) (not per-seed partial sums): works for every aggregator
   (GAT too) and the bytes are |roots| x (d_h b/8 + 4), independent of L and lower fan-outs.
 * Gradient: stop (GAS, default) or push (P3-style, `pipeline.grad=push`): the trainer sends the

@@ -80,3 +80,17 @@ def ages_summary(ages: List[torch.Tensor]) -> Tuple[int, int, int]:
             c += len(a)
             m = max(m, int(a.max()))
     return s, c, m
+
+
+def oldest_first(refreshed: torch.Tensor, n: int, generator: torch.Generator = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The `n` (table, row) pairs of `refreshed` ([tables, rows]: the step each halo row was last
+    refreshed) refreshed longest ago, ties in random order: (table index, row index). Refreshing
+    them and stamping them now makes a budgeted halo sync a round robin over tables and rows."""
+    flat = refreshed.flatten()
+    n = max(0, min(int(n), len(flat)))
+    if n == 0:
+        return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
+    tie = torch.rand(len(flat), generator=generator, dtype=torch.float64)
+    pick = torch.topk(-(flat.double() + tie), n, sorted=False).indices
+    rows = refreshed.shape[1]
+    return pick // rows, pick % rows

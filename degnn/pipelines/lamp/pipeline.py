@@ -17,7 +17,7 @@ from degnn.pipelines.base import Pipeline
 from degnn.pipelines.distdgl import num_classes_of
 from degnn.pipelines.evaluation import DistEvaluator, dataset_evaluator
 from degnn.pipelines.lamp.graph import CompGraph, LocalGraph, fusion_counts, unfold
-from degnn.pipelines.lamp.history import ages_summary
+from degnn.pipelines.lamp.history import ages_summary, oldest_first
 from degnn.pipelines.lamp.quantize import QRows, check_bits, dequantize, quantize
 from degnn.pipelines.lamp.service import (AckResponse, GradPullRequest, GradPushRequest, HistoryPullRequest,
                                           HistoryPushRequest, LampRequest, LampSetupRequest,
@@ -54,6 +54,9 @@ def check_lamp_config(pcfg, model_cfg) -> None:
         raise ValueError("pipeline=lamp needs model.layers >= 2 (with one layer there is nothing to prepare)")
     if pcfg.sync_every < 1 or pcfg.weight_sync_every < 1:
         raise ValueError("pipeline.sync_every and pipeline.weight_sync_every must be >= 1")
+    if pcfg.sync_budget is not None and not pcfg.sync_budget >= 0:
+        raise ValueError(f"pipeline.sync_budget must be >= 0 (halo rows per sync as a share of the LAMP answer "
+                         f"rows since the last one) or null (every changed row), got {pcfg.sync_budget}")
     if pcfg.prefetch < 0:
         raise ValueError(f"pipeline.prefetch must be >= 0 (batches whose requests are in flight ahead), "
                          f"got {pcfg.prefetch}")
@@ -139,6 +142,12 @@ class LAMPPipeline(Pipeline):
         self.halo_x[halo] = g.ndata["feat"][halo_gid].float()  # one-time replica (setup bytes)
         owner = self.pb.nid2partid(halo_gid)
         self.halo_by_owner = {int(m): (halo[owner == m], halo_gid[owner == m]) for m in torch.unique(owner)}
+        # the halo sync's bookkeeping, by position in `halo`: the step each row of each history
+        # table was last refreshed from its owner (a budgeted sync takes the oldest first)
+        self.halo_local, self.halo_gid, self.halo_owner = halo, halo_gid, owner
+        self.halo_refreshed = torch.zeros(max(self.L - 2, 0), len(halo), dtype=torch.int64)
+        self.sync_rng = torch.Generator().manual_seed(int(cfg.train.seed) + ctx.rank)
+        self.roots_at_sync = 0
         # own nodes that other machines hold as halo nodes: the only own history rows anyone reads
         # (other machines, through the halo sync); pushes and write-backs are limited to them
         lists = [None] * ctx.world_size
@@ -155,7 +164,7 @@ class LAMPPipeline(Pipeline):
         self.ages = [0, 0, 0]  # sum, count, max of ages of history rows used (here and at owners)
         self.stats = {"roots": 0, "rounds": 0, "owner_nodes": 0, "cg_nodes": 0, "answers": 0,
                       "lag_sum": 0, "lag_max": 0, "merged": 0, "computations": 0, "grad_rows": 0,
-                      "owner_grad_rows": 0}
+                      "owner_grad_rows": 0, "sync_rows": 0}
         # (node, layer) computations: done, had requests not been merged, had nothing been fused
         # (trainer and owners; graph.fusion_counts)
         self.fusion = [0, 0, 0]
@@ -224,55 +233,79 @@ class LAMPPipeline(Pipeline):
         self.weights_version = self.step
 
     def _sync_histories(self) -> None:
-        """Ask each owner for the rows of this machine's halo nodes written since the last sync
-        (stored when the answers are back: `_store_sync`, at once or, with prefetch, next step).
-        The margin: trainers can be a step apart, and an owner's server stamps what it computes
-        with the version of its weights, up to weight_sync_every (+ prefetch) steps old."""
-        since = max(self.last_sync - 2 - int(self.cfg.pipeline.weight_sync_every) - self.prefetch, 0)
+        """Ask the owners for rows of this machine's halo nodes (stored when the answers are back:
+        `_store_sync`, at once or, with prefetch, next step).
+
+        pipeline.sync_budget=r (default): r x the LAMP answer rows this trainer received since the
+        last sync, the rows refreshed longest ago first, over every table and halo node (a round
+        robin). The sync then adds at most a share r to the per-batch LAMP traffic whatever the
+        number of layers; the price is older halo rows, reported as history_age. null: every
+        halo row its owner wrote since the last sync, one copy per table: the bytes grow with the
+        layers. The margin of `since`: trainers can be a step apart, and an owner's server stamps
+        what it computes with the version of its weights, up to weight_sync_every (+ prefetch)
+        steps old."""
         layers = list(range(1, self.L - 1))
         if not layers:  # two layers: no history is ever read
             return
-        pairs, order = [], []
-        for m, (_, gids) in self.halo_by_owner.items():
-            # every server of the owner: each writes back what it prepared (servers_per_machine > 1)
-            for server in servers_of(m):
-                pairs.append((server, HistoryPullRequest(layers, [], gids, True, since)))
-                order.append(m)
+        budget = self.cfg.pipeline.sync_budget
+        pairs, plan = [], []  # plan: per request, (table index, halo position) of each row it asks for
+        if budget is None:
+            since = max(self.last_sync - 2 - int(self.cfg.pipeline.weight_sync_every) - self.prefetch, 0)
+            for m, (_, gids) in self.halo_by_owner.items():
+                pos = torch.nonzero(self.halo_owner == m).flatten()
+                rows = (torch.arange(len(layers)).repeat_interleave(len(pos)), pos.repeat(len(layers)))
+                # every server of the owner: each writes back what it prepared (servers_per_machine > 1)
+                for server in servers_of(m):
+                    pairs.append((server, HistoryPullRequest(layers, [], gids, True, since)))
+                    plan.append(rows)
+        else:
+            n = budget * (self.stats["roots"] - self.roots_at_sync)
+            table, pos = oldest_first(self.halo_refreshed, int(n), self.sync_rng)
+            owner = self.halo_owner[pos]
+            for m in torch.unique(owner).tolist():
+                mine = torch.nonzero(owner == m).flatten()
+                mine = mine[torch.argsort(table[mine], stable=True)]  # the request lists table after table
+                counts = torch.bincount(table[mine], minlength=len(layers)).tolist()
+                for server in servers_of(m):
+                    pairs.append((server, HistoryPullRequest(layers, counts, self.halo_gid[pos[mine]], True, -1)))
+                    plan.append((table[mine], pos[mine]))
+        self.roots_at_sync = self.stats["roots"]
         self.stats["rounds"] += 1 if pairs else 0
-        self.sync_pending = (pairs, order, layers, send(pairs))
+        self.sync_pending = (pairs, plan, send(pairs))
         self.last_sync = self.step
 
     def _store_sync(self) -> None:
         """Store the answers of the halo sync in flight in this machine's servers' histories."""
         if self.sync_pending is None:
             return
-        pairs, order, layers, pending = self.sync_pending
+        pairs, plan, pending = self.sync_pending
         self.sync_pending = None
         res = receive(pending)
-        rows: Dict[tuple, list] = {}  # (owner, layer) -> [(local ids, QRows, stamps)], one per server
-        for (_, req), r, m in zip(pairs, res, order):
+        rows: Dict[int, list] = {}  # table index -> [(halo positions, QRows, stamps)], one per answer
+        for (_, req), r, (table, pos) in zip(pairs, res, plan):
             self.ctx.counter.add("history_sync", payload_bytes(req) + payload_bytes(r))
-            local_ids = self.halo_by_owner[m][0]
-            n = len(local_ids)
-            for i, layer in enumerate(layers):
-                idx = torch.nonzero((r.sel >= i * n) & (r.sel < (i + 1) * n)).flatten()
-                if len(idx):
-                    rows.setdefault((m, layer), []).append((local_ids[r.sel[idx] - i * n], QRows(
-                        r.codes[idx], r.scale[idx] if len(r.scale) else r.scale,
-                        r.offset[idx] if len(r.offset) else r.offset), r.stamp[idx]))
+            # an answer lists the rows asked for in order, or (since >= 0) those at positions `sel`
+            sel = r.sel if req.since >= 0 else torch.arange(len(pos))
+            for t in torch.unique(table[sel]).tolist():
+                idx = torch.nonzero(table[sel] == t).flatten()
+                rows.setdefault(t, []).append((pos[sel[idx]], QRows(
+                    r.codes[idx], r.scale[idx] if len(r.scale) else r.scale,
+                    r.offset[idx] if len(r.offset) else r.offset), r.stamp[idx]))
         pushes = []
-        for (m, layer), parts in rows.items():
-            ids, stamp = torch.cat([p[0] for p in parts]), torch.cat([p[2] for p in parts])
+        for t, parts in rows.items():
+            pos, stamp = torch.cat([p[0] for p in parts]), torch.cat([p[2] for p in parts])
             q = [torch.cat([p[1][j] for p in parts]) for j in range(3)]
             if len(parts) > 1:  # a node written by several servers of its owner: the newest row
                 order_ = torch.argsort(stamp, descending=True, stable=True)
-                uniq, inv = torch.unique(ids[order_], return_inverse=True)
+                uniq, inv = torch.unique(pos[order_], return_inverse=True)
                 first = torch.full((len(uniq),), len(inv), dtype=torch.int64).scatter_reduce(
                     0, inv, torch.arange(len(inv)), "amin")
                 keep = order_[first]
-                ids, stamp = ids[keep], stamp[keep]
-                q = [t[keep] if len(t) else t for t in q]
-            pushes.append(HistoryPushRequest(layer, ids, q[0], q[1], q[2], stamp))
+                pos, stamp = pos[keep], stamp[keep]
+                q = [x[keep] if len(x) else x for x in q]
+            self.halo_refreshed[t, pos] = self.step
+            self.stats["sync_rows"] += len(pos)
+            pushes.append(HistoryPushRequest(t + 1, self.halo_local[pos], q[0], q[1], q[2], stamp))
         if pushes:
             self._send_local("history_sync_store", pushes)
 
@@ -504,6 +537,9 @@ class LAMPPipeline(Pipeline):
         p = self.cfg.pipeline
         return {"fanouts": self.fanouts, "num_classes": self.num_classes, "bits": self.bits,
                 "grad": p.grad, "sync_every": p.sync_every, "weight_sync_every": p.weight_sync_every,
+                "sync_budget": p.sync_budget,
+                # halo history rows the syncs brought to this machine (per batch of a trainer)
+                "history_sync_rows_per_batch": stat["sync_rows"] / batches,
                 "prefetch": int(p.prefetch), "fusion": bool(p.fusion),
                 # staleness the pipeline adds: steps between the owners' weights and the step that
                 # uses their answer (at most prefetch + weight_sync_every, +1 as trainers may be a
