@@ -141,17 +141,18 @@ class LAMPPipeline(Pipeline):
         self.halo_x = torch.zeros(self.lg.num_nodes, in_dim)
         self.halo_x[halo] = g.ndata["feat"][halo_gid].float()  # one-time replica (setup bytes)
         owner = self.pb.nid2partid(halo_gid)
-        self.halo_by_owner = {int(m): (halo[owner == m], halo_gid[owner == m]) for m in torch.unique(owner)}
-        # the halo sync's bookkeeping, by position in `halo`: the step each row of each history
-        # table was last refreshed from its owner (a budgeted sync takes the oldest first)
+        # the halo sync's bookkeeping, by position in `halo`: each owner's positions, and the step
+        # each row of each history table was last refreshed from its owner (a budgeted sync takes
+        # the oldest first)
         self.halo_local, self.halo_gid, self.halo_owner = halo, halo_gid, owner
+        self.halo_pos_by_owner = {int(m): torch.nonzero(owner == m).flatten() for m in torch.unique(owner)}
         self.halo_refreshed = torch.zeros(max(self.L - 2, 0), len(halo), dtype=torch.int64)
         self.sync_rng = torch.Generator().manual_seed(int(cfg.train.seed) + ctx.rank)
         self.roots_at_sync = 0
         # own nodes that other machines hold as halo nodes: the only own history rows anyone reads
         # (other machines, through the halo sync); pushes and write-backs are limited to them
         lists = [None] * ctx.world_size
-        dist.all_gather_object(lists, {m: gids for m, (_, gids) in self.halo_by_owner.items()}
+        dist.all_gather_object(lists, {m: halo_gid[pos] for m, pos in self.halo_pos_by_owner.items()}
                                if ctx.local_rank == 0 else {})
         wanted = [d[self.me] for d in lists if self.me in d]
         wanted = torch.unique(torch.cat(wanted)) if wanted else torch.empty(0, dtype=torch.int64)
@@ -251,12 +252,11 @@ class LAMPPipeline(Pipeline):
         pairs, plan = [], []  # plan: per request, (table index, halo position) of each row it asks for
         if budget is None:
             since = max(self.last_sync - 2 - int(self.cfg.pipeline.weight_sync_every) - self.prefetch, 0)
-            for m, (_, gids) in self.halo_by_owner.items():
-                pos = torch.nonzero(self.halo_owner == m).flatten()
+            for m, pos in self.halo_pos_by_owner.items():
                 rows = (torch.arange(len(layers)).repeat_interleave(len(pos)), pos.repeat(len(layers)))
                 # every server of the owner: each writes back what it prepared (servers_per_machine > 1)
                 for server in servers_of(m):
-                    pairs.append((server, HistoryPullRequest(layers, [], gids, True, since)))
+                    pairs.append((server, HistoryPullRequest(layers, [], self.halo_gid[pos], True, since)))
                     plan.append(rows)
         else:
             n = budget * (self.stats["roots"] - self.roots_at_sync)
