@@ -295,7 +295,7 @@ class LAMPPipeline(Pipeline):
         for t, parts in rows.items():
             pos, stamp = torch.cat([p[0] for p in parts]), torch.cat([p[2] for p in parts])
             q = [torch.cat([p[1][j] for p in parts]) for j in range(3)]
-            if len(parts) > 1:  # a node written by several servers of its owner: the newest row
+            if len(self.local_servers) > 1:  # a node written by several servers of its owner: the newest row
                 order_ = torch.argsort(stamp, descending=True, stable=True)
                 uniq, inv = torch.unique(pos[order_], return_inverse=True)
                 first = torch.full((len(uniq),), len(inv), dtype=torch.int64).scatter_reduce(
