@@ -13,6 +13,7 @@ Layout written (homogeneous, csv, no header, gzip):
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import os.path as osp
 import shutil
@@ -87,7 +88,11 @@ def write_link_split(dir_path: str, split_name: str, split: Dict[str, Dict[str, 
     torch.save(tsplit, osp.join(sdir, "split_dict.pt"))
 
 
-def mark_release(dir_path: str) -> None:
+def mark_release(dir_path: str, params: Optional[dict] = None) -> None:
+    """Mark a built folder complete; `params` (what it was generated from) go to params.json."""
+    if params is not None:
+        with open(osp.join(dir_path, "params.json"), "w") as fh:
+            json.dump(params, fh, indent=1)
     with open(osp.join(dir_path, RELEASE), "w") as f:
         f.write("written by degnn.data\n")
 

@@ -175,9 +175,7 @@ def load_synthetic(cfg) -> GraphData:
             edges, feat, label, split = generate(k)
             L.write_raw(tmp, edges=edges, num_nodes=k["num_nodes"], feat=feat, label=label)
             L.write_node_split(tmp, "random", split)
-            with open(osp.join(tmp, "params.json"), "w") as fh:
-                json.dump(k, fh, indent=1)
-            L.mark_release(tmp)
+            L.mark_release(tmp, k)
             L.read_node(name, tmp, meta(tmp))  # ogb builds processed/ inside the temp folder
         L.build_atomically(d, build)
 
@@ -198,9 +196,7 @@ def _load_link(name: str, d: str, k: Dict[str, object]) -> GraphData:
             train_edges, split = hold_out(undirected(edges, n), n, np.random.default_rng(k["seed"] + 1))
             L.write_raw(tmp, edges=train_edges, num_nodes=n, feat=feat)
             L.write_link_split(tmp, "random", split)
-            with open(osp.join(tmp, "params.json"), "w") as fh:
-                json.dump(k, fh, indent=1)
-            L.mark_release(tmp)
+            L.mark_release(tmp, k)
             L.read_link(name, tmp, meta(tmp))  # ogb builds processed/ inside the temp folder
         L.build_atomically(d, build)
     _, g, split = L.read_link(name, d, meta(d))

@@ -127,9 +127,7 @@ def _build(tmp: str, name: str, k: Dict[str, object]) -> None:
         train_edges, split = hold_out(edges, n, rng)
         L.write_raw(tmp, edges=train_edges, num_nodes=n, feat=feat)
         L.write_link_split(tmp, "random", split)
-    with open(osp.join(tmp, "params.json"), "w") as fh:
-        json.dump(k, fh, indent=1)
-    L.mark_release(tmp)
+    L.mark_release(tmp, k)
     _read(name, tmp, k)  # ogb builds processed/ inside the temp folder
 
 
