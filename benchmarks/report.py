@@ -509,7 +509,8 @@ def lamp_ablations(runs: List[dict]) -> List[str]:
         share = lambda k: fmt(100 * s[k], ".1f") if s.get(k) is not None else "–"  # noqa: E731
         rows.append(
             f"| {s['_rel'].split('/')[0]} | {s['dataset']} | {s.get('layers')} | {bandwidth(s) or '–'} | "
-            f"{s.get('prefetch')} | {s.get('fusion')} | {s.get('grad', 'stop')} | {s.get('sync_budget', '–')} | "
+            f"{s.get('engine', 'server')} | {s.get('prefetch')} | {s.get('fusion')} | {s.get('grad', 'stop')} | "
+            f"{s.get('sync_budget', '–')} | "
             f"{fmt(td, '.2f')} / {fmt(t, '.2f')} | "
             f"**{(td / t if t and td else float('nan')):.2f}x** | {ms('owner_wait')} | {ms('compute')} | "
             f"{share('fusion_saved_share')} / {share('fusion_saved_share_requests')} | "
@@ -518,17 +519,19 @@ def lamp_ablations(runs: List[dict]) -> List[str]:
             f"{fmt(s.get('history_age_mean'), '.1f')} | {fmt(s.get('history_sync_rows_per_batch'), '.0f')} | "
             f"{fmt(s.get('test'))} | {kb(s.get('net_bytes_per_batch'))} |")
     return ["## LAMP: asynchronous pipeline and fusion", "",
-            "Every lamp run with its `pipeline.prefetch`, `pipeline.fusion`, `pipeline.grad` and `pipeline.sync_budget` "
+            "Every lamp run with its `pipeline.engine` (where the owners' preparation runs: graph server or trainer), "
+            "`pipeline.prefetch`, `pipeline.fusion`, `pipeline.grad` and `pipeline.sync_budget` "
             "(None: every changed halo row synced), beside the distdgl run of "
             "the same dataset, layers and bandwidth. Owner wait and compute in ms per batch; fusion saved = "
             "share of (node, layer) computations saved against no fusion at all / against owners not "
             "merging queued requests; requests per computation = LAMP requests an owner answered with one "
             "computation graph; owner lag = steps between the owners' weights and the step using their "
             "answer; history age in steps; sync rows = halo history rows synced per batch.", "",
-            "| suite | dataset | layers | bandwidth | prefetch | fusion | grad | sync budget | epoch s (distdgl / lamp) | "
+            "| suite | dataset | layers | bandwidth | engine | prefetch | fusion | grad | sync budget | "
+            "epoch s (distdgl / lamp) | "
             "distdgl / lamp | owner wait ms | compute ms | fusion saved % (all / requests) | "
             "requests per computation | owner lag mean / max | history age mean | sync rows | test | net KB/batch |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
 def _bytes_vs_layers(ok: List[dict]) -> Dict[tuple, list]:
@@ -575,6 +578,8 @@ def _short(s: dict) -> str:
                 text += f" {tag}{int(s[key]) if isinstance(s[key], bool) else s[key]}"
         if "sync_budget" in s and s["sync_budget"] is None:
             text += " sync=all"
+        if s.get("engine", "server") != "server":
+            text += f" engine={s['engine']}"
     if bandwidth(s):
         text += f" {bandwidth(s)}"
     return text

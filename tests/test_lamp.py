@@ -392,6 +392,46 @@ def test_pushed_gradient_rows_reach_the_owners_copy_of_the_lower_layers(monkeypa
     assert again.names == [] and again.rows == 0
 
 
+@torch.no_grad()
+def test_trainer_engine_answers_every_peer_from_one_fused_graph():
+    """pipeline.engine=trainer: what a trainer answers in one round (engine._answer, the step
+    between the two all_to_all exchanges). Every peer's roots go into one computation graph, and
+    each peer gets its exact rows. Halo-sync asks get the stored rows. Pushed gradient rows reach
+    the replica's lower layers. A bad ask is answered as an error to every asking peer: the
+    collectives stay matched."""
+    from degnn.pipelines.lamp.engine import TrainerEngine
+
+    lg, model, exact, hist, halo_x, feat = exact_setup()
+    meta = {"bits": 32, "fanouts": [-1, -1, -1], "fusion": True, "hidden": 8, "layers": 3, "seed": 0}
+    eng = TrainerEngine(lg, feat, halo_x, torch.zeros(lg.num_nodes, dtype=torch.bool), model, meta,
+                        _PartitionBook(), {0: 0, 1: 1, 2: 2}, group=None)
+    for layer in (1,):
+        eng.history.push(layer, torch.arange(lg.num_nodes), exact[layer][lg.nid], version=0)
+    eng.version = 1
+    a, b = torch.tensor([0, 3, 7]), torch.tensor([7, 3, 12, 40])
+    sync = service.HistoryPullRequest([1], [2], torch.tensor([5, 9]), True, -1).__getstate__()
+    ans = eng._answer([{}, {"lamp": a, "sync": [sync]}, {"lamp": b}])
+    rows = lambda t: dequantize(QRows(*t[:3]), 32, 8)
+    assert ans[0] == {} and set(ans[1]) == {"lamp", "sync"} and set(ans[2]) == {"lamp"}
+    assert torch.allclose(rows(ans[1]["lamp"]), exact[2][a], atol=1e-5)
+    assert torch.allclose(rows(ans[2]["lamp"]), exact[2][b], atol=1e-5)
+    computed, separate, unfolded, merged = ans[1]["lamp"][7]
+    assert merged == 2 and computed < separate <= unfolded and ans[2]["lamp"][7] == (0, 0, 0, 0)
+    assert ans[1]["lamp"][6] == 1  # the replica's weights version
+    assert torch.allclose(rows(ans[1]["sync"]), exact[1][torch.tensor([5, 9])], atol=1e-5)
+    assert ans[1]["sync"][3].tolist() == [0, 0]  # the stamps travel with the rows
+    # grad=push: the replica's lower layers get the gradient of the pushed rows
+    g = torch.randn(3, 8)
+    q = quantize(g, 32)
+    assert eng._answer([{"grad": [(a, q.codes, q.scale, q.offset)]}, {}, {}]) == [{}, {}, {}]
+    grads, n = eng.take_owner_grads()
+    assert n == 3 and grads and not any(k.startswith("layers.2.") for k in grads)
+    assert all(v.abs().sum() > 0 for v in grads.values())
+    # roots another machine owns: every peer that asked anything is told, nobody raises
+    bad = eng._answer([{}, {"lamp": torch.tensor([60])}, {"lamp": a}])
+    assert bad[0] == {} and "own" in bad[1]["error"] and bad[1] == bad[2]
+
+
 def test_pipelined_trains_the_same_batches_in_order_with_k_ahead():
     from degnn.metrics import PhaseTimer
     from degnn.pipelines.lamp.pipeline import pipelined
@@ -563,6 +603,41 @@ def test_two_machine_lamp_run_trains_and_counts_its_bytes(roots, tmp_path):
     assert s["net_bytes_per_batch"] / s["app_bytes_per_batch"] - 1 < 0.10, s
 
 
+@needs_netns
+def test_two_machine_lamp_run_with_the_trainer_engine_and_pushed_gradients(roots, tmp_path):
+    """pipeline.engine=trainer: the trainers answer each other over torch.distributed. Nothing
+    goes through the graph servers while training (no loopback bytes), one round per batch carries
+    the LAMP roots, the halo sync and the pushed gradient rows (grad=push), whose parameter
+    gradients join the owners' all-reduce; what degnn counted is what the wire carried."""
+    p = launch(tmp_path, "pipeline=lamp", "pipeline.engine=trainer", "pipeline.grad=push", "model.layers=3",
+               "model.fanouts=[10,10,5]", "train.batch_size=100", "train.epochs=1", "pipeline.sync_every=3", *roots)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["status"] == "ok" and s["engine"] == "trainer" and s["grad"] == "push" and 0.0 < s["test"] <= 1.0, s
+    cats = s["app_bytes_by_category"]
+    assert all(cats.get(k, 0) > 0 for k in ("lamp_request", "lamp_response", "history_sync", "grad_push", "allreduce"))
+    assert s["local_bytes_by_category"] == {} and s["rpc_round_trips_per_batch"] == 1.0, s
+    per_root = cats["lamp_response"] / (s["roots_per_batch"] * s["batches"])
+    assert 132 <= per_root < 132 * 1.5, s
+    assert 0 < s["history_sync_rows_per_batch"] <= 0.25 * s["roots_per_batch"], s
+    assert s["owner_grad_rows_joined_per_batch"] > 0 and s["grad_rows_pushed_per_batch"] > 0, s
+    # answers computed with the owner's weights of the step they were asked at: at most prefetch (1)
+    # steps old, +1 as trainers may be a step apart
+    assert 0 <= s["owner_version_lag_mean"] <= s["owner_version_lag_max"] <= 1 + 1, s
+    assert s["owner_requests_per_computation"] == 1.0, s  # one peer: one request per round
+    assert s["net_bytes_per_batch"] >= s["app_bytes_per_batch"], s
+    assert s["net_bytes_per_batch"] / s["app_bytes_per_batch"] - 1 < 0.10, s
+
+
+def test_trainer_engine_refuses_several_trainers_a_machine_before_starting(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "degnn.launch", "pipeline=lamp", "pipeline.engine=trainer",
+                        "cluster.trainers_per_machine=2", f"hydra.run.dir={tmp_path}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "pipeline.engine=trainer needs cluster.trainers_per_machine=1" in p.stderr + p.stdout
+    assert not (tmp_path / "rank0.log").exists()
+
+
 # --- bench=lamp and its report -------------------------------------------------------------------
 def test_bench_lamp_composes_and_pairs_every_lamp_suite_with_distdgl():
     from hydra import compose, initialize_config_dir
@@ -582,8 +657,8 @@ def test_bench_lamp_composes_and_pairs_every_lamp_suite_with_distdgl():
     # issue 9's ablations at 3 layers on both datasets, and the 3-layer comparison at 100 mbit
     over = {s.name: s.overrides for s in cfg.bench.suites}
     assert "pipeline.prefetch=0,2" in over["ablation-prefetch"] and "pipeline.fusion=false" in over["ablation-fusion"]
-    assert "pipeline.grad=push" in over["ablation-grad"]
-    for name in ("ablation-prefetch", "ablation-fusion", "ablation-grad", "bytes-L3-100mbit-lamp"):
+    assert "pipeline.grad=push" in over["ablation-grad"] and "pipeline.engine=trainer" in over["ablation-engine"]
+    for name in ("ablation-prefetch", "ablation-fusion", "ablation-grad", "ablation-engine", "bytes-L3-100mbit-lamp"):
         assert "model.layers=3" in over[name] and "dataset=wordnet,synthetic-arxiv" in over[name]
     assert "cluster.bandwidth=100mbit" in over["bytes-L3-100mbit-distdgl"]
     # every job composes (a mistyped pipeline key fails here)
@@ -637,7 +712,7 @@ def test_report_puts_lamp_beside_distdgl_and_plots_bytes_against_layers(tmp_path
     assert "| lamp | wordnet | 2 -> 4 | 0.2 | 0.3 | 1.40x |" in text
     assert (tmp_path / "lamp_bytes_vs_layers.png").stat().st_size > 1000
     # issue 9: the ablation table and the per-batch time breakdown (table and stacked bars)
-    assert ("| bytes-L3-lamp | wordnet | 3 | – | 1 | True | stop | 0.25 | 2.00 / 1.00 | **2.00x** | 10.0 | 100.0 | "
+    assert ("| bytes-L3-lamp | wordnet | 3 | – | server | 1 | True | stop | 0.25 | 2.00 / 1.00 | **2.00x** | 10.0 | 100.0 | "
             "40.0 / 5.0 | 1.30 | 1.20 / 2 | 3.5 | 150 | 0.4950 | 0.3 |") in text
     assert "| bytes-L3-lamp wordnet b8 k1 fusion=1 | 20.0 | 10.0 | 100.0 | 30.0 | 10.0 | 1.0 | 171.0 |" in text
     assert (tmp_path / "time_breakdown.png").stat().st_size > 1000

@@ -68,8 +68,14 @@ Choices where the paper is silent (reference/degnn.md §6), and why:
   keep no per-request autograd state) and keeps the lower layers' parameter gradients until its
   machine's trainer pulls them (loopback, in the background) into its next all-reduce. So they
   join one step late (or more), and only the owner machine's trainer's all-reduce carries them:
-  no parameter gradients on the wire. Running the owners' preparation in the trainer processes
-  instead of the graph servers (engine=trainer) is not implemented.
+  no parameter gradients on the wire.
+* Where the owners' preparation runs (`pipeline.engine`): in the graph servers (server, steps 2
+  and 4 above, over DGL RPC), or in each machine's trainer process (trainer, engine.py): its
+  histories, halo features and a model replica live in the trainer, and one round per batch
+  (torch.distributed all_to_all on its own gloo group, in a background thread) carries the
+  roots to their owners' trainers, the halo-sync asks and the pushed gradient rows, and brings
+  the answers back. No weights or history rows cross a process boundary; every round merges
+  all peers' requests. The price is lockstep: a round waits for every trainer to send its asks.
 * Owner-side computation runs in eval mode (no dropout): answers stand in for historical
   embeddings, which should be expectations.
 * Halo input features are replicated once at setup (counted in `setup_bytes`): block 0 of an
@@ -83,7 +89,8 @@ setup) is reported apart in `local_bytes_by_category`: it never reaches the wire
 
 Files: quantize.py (per-row quantization), history.py (the history tables), graph.py (the
 computation-graph builder, fusion counts and the unfolded graph), service.py (the requests the
-graph servers answer, request merging, the trainer's send/receive), pipeline.py (the trainer's
+graph servers answer, request merging, the trainer's send/receive), engine.py (engine=trainer:
+the same answers from the trainer processes), pipeline.py (the trainer's
 loop: `train_epoch` -> `pipelined` -> `_issue` / `_complete`, then `_after_step`). This package imports nothing heavy itself: graph servers import
 service.py before `dgl.distributed.initialize` (degnn.runtime.services).
 """

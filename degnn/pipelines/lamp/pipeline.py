@@ -16,6 +16,7 @@ from degnn.models import build_model
 from degnn.pipelines.base import Pipeline
 from degnn.pipelines.distdgl import num_classes_of
 from degnn.pipelines.evaluation import DistEvaluator, dataset_evaluator
+from degnn.pipelines.lamp.engine import TrainerEngine
 from degnn.pipelines.lamp.graph import CompGraph, LocalGraph, fusion_counts, unfold
 from degnn.pipelines.lamp.history import ages_summary, oldest_first
 from degnn.pipelines.lamp.quantize import QRows, check_bits, dequantize, quantize
@@ -25,6 +26,7 @@ from degnn.pipelines.lamp.service import (AckResponse, GradPullRequest, GradPush
                                           servers_of)
 
 GRAD_MODES = ("stop", "push")
+ENGINES = ("server", "trainer")
 
 
 class LampNet(nn.Module):
@@ -44,8 +46,14 @@ class LampNet(nn.Module):
         return h, hidden
 
 
-def check_lamp_config(pcfg, model_cfg) -> None:
+def check_lamp_config(pcfg, model_cfg, cluster_cfg=None) -> None:
     check_bits(int(pcfg.bits))
+    if pcfg.engine not in ENGINES:
+        raise ValueError(f"pipeline.engine={pcfg.engine}: choose server (the owners' preparation runs in DGL's graph "
+                         f"servers) or trainer (in each machine's trainer process, over torch.distributed)")
+    if pcfg.engine == "trainer" and cluster_cfg is not None and cluster_cfg.trainers_per_machine != 1:
+        raise ValueError("pipeline.engine=trainer needs cluster.trainers_per_machine=1 (each machine's one trainer "
+                         "answers for its partition); use pipeline.engine=server with several trainers a machine")
     if pcfg.grad not in GRAD_MODES:
         raise ValueError(f"pipeline.grad={pcfg.grad}: this version implements {', '.join(GRAD_MODES)} "
                          f"(stop: owner answers are constants, GAS semantics; push: their gradients go back to the "
@@ -85,8 +93,10 @@ class Batch(NamedTuple):
     top_gid: torch.Tensor       # the top block's leaves (roots at their owners), global ids
     masks: list                 # per LAMP request: which of top_gid it asked for
     lamp: list                  # (server, LampRequest)
-    pull: Optional[HistoryPullRequest]  # this machine's history rows for the middle blocks
-    pending: dict               # service.send's map: the LAMP requests, then the pull
+    pull: Optional[object]      # this machine's history rows for the middle blocks: the HistoryPullRequest
+                                # in flight, or (engine=trainer) its answer, read in-process
+    pending: object             # service.send's map (the LAMP requests, then the pull), or
+                                # (engine=trainer) the Future of the batch's round
     top_rows: Optional[torch.Tensor]  # fusion=false: which answer each (repeated) top leaf takes
     x: torch.Tensor             # input features of the trainer's own nodes (local shared memory)
     x_leaves: torch.Tensor      # the halo leaves' input features (the setup replica)
@@ -96,11 +106,16 @@ class LAMPPipeline(Pipeline):
     name = "lamp"
     metric = "acc"
 
+    @classmethod
+    def prepare_launch(cls, cfg, task_overrides) -> List[str]:
+        check_lamp_config(cfg.pipeline, cfg.model, cfg.cluster)
+        return []
+
     def setup(self) -> None:
         ctx, cfg = self.ctx, self.cfg
         pcfg = cfg.pipeline
         self.check_task(cfg)
-        check_lamp_config(pcfg, cfg.model)
+        check_lamp_config(pcfg, cfg.model, cfg.cluster)
         self.bits, self.L = int(pcfg.bits), int(cfg.model.layers)
         self.fanouts = [int(f) for f in cfg.model.fanouts]
         g = ctx.graph
@@ -181,13 +196,21 @@ class LAMPPipeline(Pipeline):
         self.last_sync = 0
         self.weights_version = -1
 
-        if self.leader:
-            meta = dict(kind=cfg.model.name, in_dim=in_dim, hidden=cfg.model.hidden, out_dim=self.num_classes,
-                        layers=self.L, dropout=float(cfg.model.dropout), heads=cfg.model.heads,
-                        fanouts=self.fanouts, bits=self.bits, seed=int(cfg.train.seed) + self.me,
-                        fusion=bool(pcfg.fusion))
+        meta = dict(kind=cfg.model.name, in_dim=in_dim, hidden=cfg.model.hidden, out_dim=self.num_classes,
+                    layers=self.L, dropout=float(cfg.model.dropout), heads=cfg.model.heads,
+                    fanouts=self.fanouts, bits=self.bits, seed=int(cfg.train.seed) + self.me,
+                    fusion=bool(pcfg.fusion))
+        # where the owners' preparation runs: this process (engine.py) or the graph servers
+        self.engine = None
+        if pcfg.engine == "trainer":
+            parts = [None] * ctx.world_size
+            dist.all_gather_object(parts, self.me)
+            group = dist.new_group(backend="gloo")  # the rounds' own group: they run beside DDP's all-reduce
+            self.engine = TrainerEngine(self.lg, self.local_feat, self.halo_x, self.boundary, self.model, meta,
+                                        self.pb, {p: r for r, p in enumerate(parts)}, group)
+        elif self.leader:
             self._local_call("setup", [LampSetupRequest(meta, halo, self.halo_x[halo],
-                                                            torch.nonzero(self.boundary).flatten())])
+                                                        torch.nonzero(self.boundary).flatten())])
         dist.barrier()
         self._init_histories()
         self._ship_weights()
@@ -222,15 +245,26 @@ class LAMPPipeline(Pipeline):
         for layer in range(1, self.L - 1):
             rows = self.evaluator.outputs[layer - 1][self.lg.nid]
             self.setup_bytes += int(halo.sum()) * (8 + rows.shape[1] * 4)
-            reqs.append(self._push(layer, torch.arange(self.lg.num_nodes), rows, 0))
-        self._local_call("setup", reqs)
+            if self.engine is not None:
+                self.engine.history.push(layer, torch.arange(self.lg.num_nodes), rows, 0)
+            else:
+                reqs.append(self._push(layer, torch.arange(self.lg.num_nodes), rows, 0))
+        if reqs:
+            self._local_call("setup", reqs)
+
+    def _lower_layers(self) -> Dict[str, torch.Tensor]:
+        """The weights the owners compute with: every layer but the top."""
+        return {k: v.detach() for k, v in self.model.state_dict().items()
+                if not k.startswith(f"layers.{self.L - 1}.")}
 
     def _ship_weights(self) -> None:
         if not self.leader or self.weights_version == self.step:
             return
-        state = {k: v.detach() for k, v in self.model.state_dict().items()
-                 if not k.startswith(f"layers.{self.L - 1}.")}
-        self._local_call("weights", [SetWeightsRequest(self.step, list(state), list(state.values()))])
+        state = self._lower_layers()
+        if self.engine is not None:
+            self.engine.set_weights(self.step, state)  # an in-process copy
+        else:
+            self._local_call("weights", [SetWeightsRequest(self.step, list(state), list(state.values()))])
         self.weights_version = self.step
 
     def _sync_histories(self) -> None:
@@ -248,6 +282,10 @@ class LAMPPipeline(Pipeline):
         layers = list(range(1, self.L - 1))
         if not layers:  # two layers: no history is ever read
             return
+        if self.engine is not None and self.sync_pending is not None:
+            return  # the last sync's answers have not come back yet (they ride on a later round)
+        # who answers for machine m: its graph servers, or (engine=trainer) its trainer
+        answerers = servers_of if self.engine is None else (lambda m: [m])
         budget = self.cfg.pipeline.sync_budget
         pairs, plan = [], []  # plan: per request, (table index, halo position) of each row it asks for
         if budget is None:
@@ -255,7 +293,7 @@ class LAMPPipeline(Pipeline):
             for m, pos in self.halo_pos_by_owner.items():
                 rows = (torch.arange(len(layers)).repeat_interleave(len(pos)), pos.repeat(len(layers)))
                 # every server of the owner: each writes back what it prepared (servers_per_machine > 1)
-                for server in servers_of(m):
+                for server in answerers(m):
                     pairs.append((server, HistoryPullRequest(layers, [], self.halo_gid[pos], True, since)))
                     plan.append(rows)
         else:
@@ -266,24 +304,31 @@ class LAMPPipeline(Pipeline):
                 mine = torch.nonzero(owner == m).flatten()
                 mine = mine[torch.argsort(table[mine], stable=True)]  # the request lists table after table
                 counts = torch.bincount(table[mine], minlength=len(layers)).tolist()
-                for server in servers_of(m):
+                for server in answerers(m):
                     pairs.append((server, HistoryPullRequest(layers, counts, self.halo_gid[pos[mine]], True, -1)))
                     plan.append((table[mine], pos[mine]))
         self.roots_at_sync = self.stats["roots"]
-        self.stats["rounds"] += 1 if pairs else 0
-        self.sync_pending = (pairs, plan, send(pairs))
+        if self.engine is not None:  # asked on the next round; the answers come back with it
+            for m, req in pairs:
+                self.engine.ask(m, "sync", req.__getstate__())
+            self.sync_pending = (pairs, plan, None) if pairs else None
+        else:
+            self.stats["rounds"] += 1 if pairs else 0
+            self.sync_pending = (pairs, plan, send(pairs))
         self.last_sync = self.step
 
-    def _store_sync(self) -> None:
-        """Store the answers of the halo sync in flight in this machine's servers' histories."""
-        if self.sync_pending is None:
-            return
+    def _store_sync(self, answers: Optional[dict] = None) -> None:
+        """Store the answers of the halo sync in flight in this machine's histories (its servers',
+        or with engine=trainer, the engine's: `answers` by owner, from the round that carried it)."""
+        if self.sync_pending is None or (self.engine is not None and not answers):
+            return  # (engine=trainer: a round sent before the sync was asked carries none of it)
         pairs, plan, pending = self.sync_pending
         self.sync_pending = None
-        res = receive(pending)
+        res = receive(pending) if self.engine is None else [answers[m] for m, _ in pairs]
         rows: Dict[int, list] = {}  # table index -> [(halo positions, QRows, stamps)], one per answer
         for (_, req), r, (table, pos) in zip(pairs, res, plan):
-            self.ctx.counter.add("history_sync", payload_bytes(req) + payload_bytes(r))
+            if self.engine is None:  # (the engine counts what its rounds move)
+                self.ctx.counter.add("history_sync", payload_bytes(req) + payload_bytes(r))
             # an answer lists the rows asked for in order, or (since >= 0) those at positions `sel`
             sel = r.sel if req.since >= 0 else torch.arange(len(pos))
             for t in torch.unique(table[sel]).tolist():
@@ -305,7 +350,10 @@ class LAMPPipeline(Pipeline):
                 q = [x[keep] if len(x) else x for x in q]
             self.halo_refreshed[t, pos] = self.step
             self.stats["sync_rows"] += len(pos)
-            pushes.append(HistoryPushRequest(t + 1, self.halo_local[pos], q[0], q[1], q[2], stamp))
+            if self.engine is not None:
+                self.engine.history.push_codes(t + 1, self.halo_local[pos], QRows(*q), stamp)
+            else:
+                pushes.append(HistoryPushRequest(t + 1, self.halo_local[pos], q[0], q[1], q[2], stamp))
         if pushes:
             self._send_local("history_sync_store", pushes)
 
@@ -322,10 +370,14 @@ class LAMPPipeline(Pipeline):
         masks, lamp = [], []
         for m in torch.unique(owner).tolist():
             mask = owner == m
-            servers = servers_of(m)
+            # the answerer: one of machine m's graph servers, or (engine=trainer) machine m's trainer
+            servers = servers_of(m) if self.engine is None else [m]
             lamp.append((servers[torch.randint(len(servers), (1,)).item()], LampRequest(top_gid[mask], self.step)))
             masks.append(mask)
-        pending = send(lamp)
+        if self.engine is not None:
+            pending = self.engine.submit({m: req.roots for m, req in lamp})
+        else:
+            pending = send(lamp)
         low = lg.build(top.inner_src[0], self.fanouts[:L - 1])
         cg = CompGraph(low.blocks + top.blocks, low.dst + top.dst, low.inner_src + top.inner_src,
                        low.leaves + top.leaves)
@@ -343,7 +395,10 @@ class LAMPPipeline(Pipeline):
         pull = None
         if mids:
             pull = HistoryPullRequest(mids, [len(cg.leaves[k]) for k in mids], torch.cat([cg.leaves[k] for k in mids]))
-            send([(self.local_servers[0], pull)], pending)
+            if self.engine is not None:  # the rows themselves: the histories are in this process
+                pull = pull.rows(self.engine.history, self.pb)
+            else:
+                send([(self.local_servers[0], pull)], pending)
         self.stats["roots"] += len(top_gid)
         self.stats["rounds"] += 1 if lamp else 0
         self.stats["cg_nodes"] += cg.num_nodes
@@ -354,12 +409,21 @@ class LAMPPipeline(Pipeline):
     def _complete(self, b: Batch):
         """Wait for the batch's answers; returns (cg, input features, leaf rows per block)."""
         cg, x, leaves = b.cg, b.x, [b.x_leaves]
-        res = receive(b.pending)
+        if self.engine is not None:
+            got = b.pending.result()  # the round's answers (engine.RoundResult)
+            res = [got.lamp[m] for m, _ in b.lamp] + ([b.pull] if b.pull is not None else [])
+            for nbytes in got.nbytes.values():
+                for cat, n in nbytes.items():
+                    self.ctx.counter.add(cat, n)
+            self._store_sync(got.sync)
+        else:
+            res = receive(b.pending)
         hidden = self.cfg.model.hidden
         top_h = torch.zeros(len(b.top_gid), hidden)
         for (_, req), r, mask in zip(b.lamp, res, b.masks):
-            self.ctx.counter.add("lamp_request", payload_bytes(req))
-            self.ctx.counter.add("lamp_response", payload_bytes(r))
+            if self.engine is None:
+                self.ctx.counter.add("lamp_request", payload_bytes(req))
+                self.ctx.counter.add("lamp_response", payload_bytes(r))
             top_h[mask] = dequantize(QRows(r.codes, r.scale, r.offset), self.bits, hidden)
             self.ages[0] += r.ages[0]
             self.ages[1] += r.ages[1]
@@ -378,7 +442,8 @@ class LAMPPipeline(Pipeline):
             self.fusion[2] += unfolded
         if b.pull is not None:
             r = res[-1]
-            self._local("history_pull", payload_bytes(b.pull) + payload_bytes(r))
+            if self.engine is None:
+                self._local("history_pull", payload_bytes(b.pull) + payload_bytes(r))
             rows = dequantize(QRows(r.codes, r.scale, r.offset), self.bits, hidden)
             s, c, mx = ages_summary([self.step - r.stamp])
             self.ages[0] += s
@@ -448,21 +513,24 @@ class LAMPPipeline(Pipeline):
         for k, h in enumerate(hidden[:self.L - 2]):  # fresh h^(1..L-2) of the batch's boundary nodes
             keep = self.boundary[cg.dst[k]]
             if bool(keep.any()):
-                pushes.append(self._push(k + 1, cg.dst[k][keep], h[keep], self.step))
+                if self.engine is not None:
+                    self.engine.history.push(k + 1, cg.dst[k][keep], h[keep], self.step)
+                else:
+                    pushes.append(self._push(k + 1, cg.dst[k][keep], h[keep], self.step))
         # own rows are read only by other machines' halo sync, which asks every server of this
         # machine: one copy is enough (the halo rows and the weights go to every server)
         self._send_local(None, pushes, self.local_servers[:1])
-        pushes = []
         self.step += 1
         if self.step % cfg.pipeline.weight_sync_every == 0 and self.leader:
-            state = {k: v.detach() for k, v in self.model.state_dict().items()
-                     if not k.startswith(f"layers.{self.L - 1}.")}
-            pushes.append(SetWeightsRequest(self.step, list(state), list(state.values())))
+            state = self._lower_layers()
+            if self.engine is not None:
+                self.engine.set_weights(self.step, state)
+            else:
+                self._send_local(None, [SetWeightsRequest(self.step, list(state), list(state.values()))])
             self.weights_version = self.step
-        self._send_local(None, pushes)
         if self.step % cfg.pipeline.sync_every == 0 and self.leader:
             self._sync_histories()
-        if self.push and self.grad_pull is None:  # what the owners here computed for other trainers
+        if self.push and self.grad_pull is None and self.engine is None:  # what the owners here computed for other trainers
             pairs = [(srv, GradPullRequest()) for srv in self.local_servers]
             for _, r in pairs:
                 self._local("grad_pull", payload_bytes(r))
@@ -477,13 +545,23 @@ class LAMPPipeline(Pipeline):
             return
         for (server, req), mask in zip(b.lamp, b.masks):
             q = quantize(grad[mask], self.bits)
+            if self.engine is not None:  # rides on the next round (which counts its bytes)
+                self.engine.ask(server, "grad", (req.roots, q.codes, q.scale, q.offset))
+                continue
             push = GradPushRequest(req.roots, q.codes, q.scale, q.offset)
             self.ctx.counter.add("grad_push", payload_bytes(push) + payload_bytes(AckResponse()))
             self.background.append(send([(server, push)]))
         self.stats["grad_rows"] += len(grad)
-        self.stats["rounds"] += 1 if b.lamp else 0  # a second round to the owners per batch
+        if self.engine is None:
+            self.stats["rounds"] += 1 if b.lamp else 0  # a second round to the owners per batch
 
     def _collect_owner_grads(self) -> None:
+        if self.engine is not None:  # what this trainer's engine computed from its peers' rows
+            grads, rows = self.engine.take_owner_grads()
+            for name, t in grads.items():
+                self.owner_grads[name] = self.owner_grads[name] + t if name in self.owner_grads else t
+            self.stats["owner_grad_rows"] += rows
+            return
         if self.grad_pull is None:
             return
         for r in receive(self.grad_pull):
@@ -536,7 +614,7 @@ class LAMPPipeline(Pipeline):
         done, separate, unfolded = (sum(r["fusion"][i] for r in ranks) for i in range(3))
         p = self.cfg.pipeline
         return {"fanouts": self.fanouts, "num_classes": self.num_classes, "bits": self.bits,
-                "grad": p.grad, "sync_every": p.sync_every, "weight_sync_every": p.weight_sync_every,
+                "engine": p.engine, "grad": p.grad, "sync_every": p.sync_every, "weight_sync_every": p.weight_sync_every,
                 "sync_budget": p.sync_budget,
                 # halo history rows the syncs brought to this machine (per batch of a trainer)
                 "history_sync_rows_per_batch": stat["sync_rows"] / batches,

@@ -244,12 +244,15 @@ class HistoryPullRequest(_Guarded):
         self.layers, self.counts, self.ids, self.global_ids, self.since = state
 
     def process(self, server_state):
+        _require_setup()
+        return self.rows(STATE.history, server_state.partition_book)
+
+    def rows(self, history, pb) -> RowsResponse:
+        """The answer from `history` (a server's, or a trainer's with pipeline.engine=trainer)."""
         from degnn.pipelines.lamp.quantize import QRows
 
-        _require_setup()
         ids = self.ids.long()
         if self.global_ids:
-            pb = server_state.partition_book
             if len(ids) and not bool((pb.nid2partid(ids) == pb.partid).all()):
                 raise ValueError("HistoryPull by global id for nodes this machine does not own")
             ids = pb.nid2localnid(ids, pb.partid).long()
@@ -257,7 +260,7 @@ class HistoryPullRequest(_Guarded):
         shared = len(self.counts) == 0  # the same ids for every layer (the halo sync)
         for layer, n in zip(self.layers, [len(ids)] * len(self.layers) if shared else self.counts):
             chunk = ids if shared else ids[start:start + n]
-            q, stamp = STATE.history.pull_codes(layer, chunk)
+            q, stamp = history.pull_codes(layer, chunk)
             if self.since >= 0:
                 keep = torch.nonzero(stamp > self.since).flatten()
                 q, stamp = QRows(*(t[keep] if len(t) else t for t in q)), stamp[keep]
