@@ -490,6 +490,7 @@ def test_distdgl_honours_the_same_wall_time_budget(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     s, curve = _summary(run_dir), read_curve(run_dir)
     assert s["status"] == "ok" and 1 <= s["epochs"] < 500
-    assert curve[-1]["train_time_s"] >= 3 > curve[-2]["train_time_s"] if len(curve) > 1 else curve[-1]["train_time_s"] >= 3
+    # the curve rounds to ms: a time just under the limit (2.9996 s) is written as 3.0
+    assert curve[-1]["train_time_s"] >= 3 >= curve[-2]["train_time_s"] if len(curve) > 1 else curve[-1]["train_time_s"] >= 3, curve[-2:]
     assert "val" in curve[-1]  # the last epoch is evaluated
     assert "time limit" in (run_dir / "rank0.log").read_text()

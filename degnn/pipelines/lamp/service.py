@@ -245,10 +245,11 @@ class HistoryPullRequest(_Guarded):
 
     def process(self, server_state):
         _require_setup()
-        return self.rows(STATE.history, server_state.partition_book)
+        return self.rows(STATE.history, server_state.partition_book if self.global_ids else None)
 
     def rows(self, history, pb) -> RowsResponse:
-        """The answer from `history` (a server's, or a trainer's with pipeline.engine=trainer)."""
+        """The answer from `history` (a server's, or a trainer's with pipeline.engine=trainer);
+        `pb`, the partition book, is needed for global ids only."""
         from degnn.pipelines.lamp.quantize import QRows
 
         ids = self.ids.long()
