@@ -150,9 +150,10 @@ class LAMPConfig(PipelineConfig):
     # and owners merge the LAMP requests queued for them into one graph (false: every path of
     # every request computed on its own, for the ablation)
     fusion: bool = True
-    # where the owners' preparation runs: server (DGL's graph servers, over DGL RPC) or trainer
-    # (each machine's trainer process, over torch.distributed; one trainer per machine)
-    engine: str = "server"
+    # where the owners' preparation runs: trainer (each machine's trainer process, over
+    # torch.distributed; one trainer per machine; measured a little faster here, bench=lamp's
+    # ablation-engine) or server (DGL's graph servers, over DGL RPC; any number of trainers)
+    engine: str = "trainer"
 
 
 @dataclass

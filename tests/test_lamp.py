@@ -569,8 +569,9 @@ def test_server_answers_lamp_requests_exactly_and_survives_bad_ones(roots, tmp_p
 
 @needs_netns
 def test_two_machine_lamp_run_trains_and_counts_its_bytes(roots, tmp_path):
-    p = launch(tmp_path, "pipeline=lamp", "model.layers=3", "model.fanouts=[10,10,5]", "train.batch_size=100",
-               "train.epochs=2", "pipeline.sync_every=3", "pipeline.prefetch=2", *roots)
+    """engine=server: the owners' preparation in the graph servers, over DGL RPC."""
+    p = launch(tmp_path, "pipeline=lamp", "pipeline.engine=server", "model.layers=3", "model.fanouts=[10,10,5]",
+               "train.batch_size=100", "train.epochs=2", "pipeline.sync_every=3", "pipeline.prefetch=2", *roots)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["pipeline"] == "lamp" and s["status"] == "ok" and s["bits"] == 8 and s["layers"] == 3, s
@@ -657,7 +658,7 @@ def test_bench_lamp_composes_and_pairs_every_lamp_suite_with_distdgl():
     # issue 9's ablations at 3 layers on both datasets, and the 3-layer comparison at 100 mbit
     over = {s.name: s.overrides for s in cfg.bench.suites}
     assert "pipeline.prefetch=0,2" in over["ablation-prefetch"] and "pipeline.fusion=false" in over["ablation-fusion"]
-    assert "pipeline.grad=push" in over["ablation-grad"] and "pipeline.engine=trainer" in over["ablation-engine"]
+    assert "pipeline.grad=push" in over["ablation-grad"] and "pipeline.engine=server" in over["ablation-engine"]
     for name in ("ablation-prefetch", "ablation-fusion", "ablation-grad", "ablation-engine", "bytes-L3-100mbit-lamp"):
         assert "model.layers=3" in over[name] and "dataset=wordnet,synthetic-arxiv" in over[name]
     assert "cluster.bandwidth=100mbit" in over["bytes-L3-100mbit-distdgl"]

@@ -70,12 +70,15 @@ Choices where the paper is silent (reference/degnn.md §6), and why:
   join one step late (or more), and only the owner machine's trainer's all-reduce carries them:
   no parameter gradients on the wire.
 * Where the owners' preparation runs (`pipeline.engine`): in the graph servers (server, steps 2
-  and 4 above, over DGL RPC), or in each machine's trainer process (trainer, engine.py): its
-  histories, halo features and a model replica live in the trainer, and one round per batch
-  (torch.distributed all_to_all on its own gloo group, in a background thread) carries the
-  roots to their owners' trainers, the halo-sync asks and the pushed gradient rows, and brings
-  the answers back. No weights or history rows cross a process boundary; every round merges
-  all peers' requests. The price is lockstep: a round waits for every trainer to send its asks.
+  and 4 above, over DGL RPC), or in each machine's trainer process (trainer, the default,
+  engine.py): its histories, halo features and a model replica live in the trainer, and one
+  round per batch (torch.distributed all_to_all on its own gloo group, in a background thread)
+  carries the roots to their owners' trainers, the halo-sync asks and the pushed gradient rows,
+  and brings the answers back. No weights or history rows cross a process boundary; every round
+  merges all peers' requests. The price is lockstep: a round waits for every trainer to send its
+  asks. Measured here the two tie within run-to-run spread, the trainer engine ahead by 3-5% in
+  pooled medians (benchmarks/RESULTS.md), so it is the default; the server engine is the one for
+  several trainers a machine.
 * Owner-side computation runs in eval mode (no dropout): answers stand in for historical
   embeddings, which should be expectations.
 * Halo input features are replicated once at setup (counted in `setup_bytes`): block 0 of an
