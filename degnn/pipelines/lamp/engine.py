@@ -31,16 +31,17 @@ import queue
 import threading
 import traceback
 from concurrent.futures import Future
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, List, NamedTuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from degnn.pipelines.lamp.graph import LocalGraph
-from degnn.pipelines.lamp.history import History, ages_summary
-from degnn.pipelines.lamp.quantize import QRows, dequantize, quantize
-from degnn.pipelines.lamp.service import HistoryPullRequest, LampServiceError, RowsResponse, prepare
+from degnn.pipelines.lamp.history import History
+from degnn.pipelines.lamp.quantize import QRows, dequantize
+from degnn.pipelines.lamp.service import (HistoryPullRequest, LampServiceError, RowsResponse, answer_merged,
+                                          lower_layer_grads, owned_local_ids)
 
 # the ByteCounter category of each section of a round, asked and answered (wire bytes)
 REQUEST_CATEGORY = {"lamp": "lamp_request", "sync": "history_sync", "grad": "grad_push"}
@@ -102,7 +103,7 @@ class TrainerEngine:
         # its own LocalGraph over the same arrays: the builder's scratch is not for two threads
         self.lg = LocalGraph(lg.indptr, lg.indices, lg.inner, lg.nid)
         self.feat, self.halo_x, self.boundary, self.meta = feat, halo_x, boundary, meta
-        self.pb, self.me, self.rank_of, self.group = pb, pb.partid, rank_of, group
+        self.pb, self.rank_of, self.group = pb, rank_of, group
         self.world = len(rank_of)
         self.replica = copy.deepcopy(model).eval()
         self.version = -1
@@ -225,49 +226,31 @@ class TrainerEngine:
             return [{"error": msg} if ask else {} for ask in incoming]
         return answers
 
-    def _local_ids(self, gids: torch.Tensor) -> torch.Tensor:
-        gids = gids.long()
-        if len(gids) and not bool((self.pb.nid2partid(gids) == self.me).all()):
-            raise ValueError("LAMP roots and halo rows must be nodes this machine owns")
-        return self.pb.nid2localnid(gids, self.me).long()
-
     @torch.no_grad()
     def _answer_lamp(self, incoming: List[dict], answers: List[dict]) -> None:
-        peers = [(r, self._local_ids(ask["lamp"])) for r, ask in enumerate(incoming) if "lamp" in ask]
+        peers = [(r, owned_local_ids(self.pb, ask["lamp"], "LAMP roots")) for r, ask in enumerate(incoming)
+                 if "lamp" in ask]
         if not peers:
             return
         if self.version < 0:
             raise RuntimeError("LAMP round before any weights reached the engine")
-        m = self.meta
         # fusion: every peer's roots in one computation graph; without: each request on its own,
         # unfolded (graph.unfold), as a server without fusion computes them
-        jobs = [peers] if m["fusion"] else [[p] for p in peers]
+        jobs = [peers] if self.meta["fusion"] else [[p] for p in peers]
         for job in jobs:
-            local, inverse = torch.unique(torch.cat([ids for _, ids in job]), return_inverse=True)
-            groups = torch.split(inverse, [len(ids) for _, ids in job])
-            h, ages, counts = prepare(self.lg, self.replica, self.feat, self.halo_x, self.history, local,
-                                      m["fanouts"][:-1], self.version, self.boundary, fusion=m["fusion"],
-                                      groups=groups)
-            for i, ((r, _), idx) in enumerate(zip(job, groups)):
-                q = quantize(h[idx], m["bits"], generator=self.gen)
-                first = i == 0  # a shared computation reports its ages and counts once
-                answers[r]["lamp"] = (q.codes, q.scale, q.offset, None, None,
-                                      ages_summary(ages) if first else (0, 0, 0), self.version,
-                                      tuple(counts) + (len(job),) if first else (0, 0, 0, 0))
+            res = answer_merged(self.lg, self.replica, self.feat, self.halo_x, self.history, self.boundary,
+                                [ids for _, ids in job], self.meta, self.version, self.gen)
+            for (r, _), a in zip(job, res):
+                answers[r]["lamp"] = (a.codes, a.scale, a.offset, None, None, a.ages, a.version, a.counts)
 
     def _backprop(self, roots: torch.Tensor, q: QRows) -> None:
         """grad=push: the gradient rows of answered roots, backpropagated through the replica's
         lower layers on a fresh computation graph (as GradPushRequest does in a server)."""
-        m = self.meta
-        grad = dequantize(q, m["bits"], m["hidden"])
-        top = f"layers.{m['layers'] - 1}."
-        params = [(n, p) for n, p in self.replica.named_parameters() if not n.startswith(top)]
-        with torch.enable_grad():
-            h, _, _ = prepare(self.lg, self.replica, self.feat, self.halo_x, self.history, self._local_ids(roots),
-                              m["fanouts"][:-1], self.version, torch.zeros(self.lg.num_nodes, dtype=torch.bool))
-            grads = torch.autograd.grad(h, [p for _, p in params], grad, allow_unused=True)
+        grad = dequantize(q, self.meta["bits"], self.meta["hidden"])
+        grads = lower_layer_grads(self.lg, self.replica, self.feat, self.halo_x, self.history,
+                                  owned_local_ids(self.pb, roots, "pushed gradient rows' roots"), grad, self.meta,
+                                  self.version)
         with self.lock:
-            for (name, _), g in zip(params, grads):
-                if g is not None:
-                    self.owner_grads[name] = self.owner_grads[name] + g if name in self.owner_grads else g
+            for name, g in grads.items():
+                self.owner_grads[name] = self.owner_grads[name] + g if name in self.owner_grads else g
             self.owner_grad_rows += len(roots)

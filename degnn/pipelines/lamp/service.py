@@ -22,7 +22,7 @@ side (`call`) raises LampServiceError with that message.
 from __future__ import annotations
 
 import traceback
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 from dgl.distributed import rpc
@@ -81,6 +81,15 @@ def _features(server_state):
 def _require_setup():
     if STATE.meta is None or STATE.history is None:
         raise RuntimeError("LAMP is not set up on this server (no LampSetup request yet)")
+
+
+def owned_local_ids(pb, gids: torch.Tensor, what: str) -> torch.Tensor:
+    """Local ids of `gids`, global ids that must all be nodes this machine owns (ValueError
+    naming `what` otherwise). Servers and the trainer engine check every id they are sent."""
+    gids = gids.long()
+    if len(gids) and not bool((pb.nid2partid(gids) == pb.partid).all()):
+        raise ValueError(f"{what} must be nodes this machine owns")
+    return pb.nid2localnid(gids, pb.partid).long()
 
 
 def payload_bytes(obj) -> int:
@@ -252,11 +261,7 @@ class HistoryPullRequest(_Guarded):
         `pb`, the partition book, is needed for global ids only."""
         from degnn.pipelines.lamp.quantize import QRows
 
-        ids = self.ids.long()
-        if self.global_ids:
-            if len(ids) and not bool((pb.nid2partid(ids) == pb.partid).all()):
-                raise ValueError("HistoryPull by global id for nodes this machine does not own")
-            ids = pb.nid2localnid(ids, pb.partid).long()
+        ids = owned_local_ids(pb, self.ids, "HistoryPull global ids") if self.global_ids else self.ids.long()
         parts, stamps, sels, start = [], [], [], 0
         shared = len(self.counts) == 0  # the same ids for every layer (the halo sync)
         for layer, n in zip(self.layers, [len(ids)] * len(self.layers) if shared else self.counts):
@@ -299,9 +304,6 @@ class LampRequest(_Guarded):
 
     @torch.no_grad()
     def process(self, server_state):
-        from degnn.pipelines.lamp.history import ages_summary
-        from degnn.pipelines.lamp.quantize import quantize
-
         _require_setup()
         if STATE.version < 0:
             raise RuntimeError("LAMP request before any SetWeights: the server has no model weights")
@@ -310,26 +312,14 @@ class LampRequest(_Guarded):
         merged = [(self, None)] + (_drain(server_state) if STATE.meta.get("fusion", True) else [])
         groups = []
         for req, _ in merged:
-            roots = req.roots.long()
-            if len(roots) and not bool((pb.nid2partid(roots) == pb.partid).all()):
+            try:
+                groups.append((req, owned_local_ids(pb, req.roots, "LAMP roots")))
+            except ValueError as e:
                 if req is self:
-                    raise ValueError("LAMP roots must be nodes this machine owns")
-                _answer(req, RowsResponse(error="LampRequest on server: ValueError: LAMP roots must be nodes "
-                                                "this machine owns"))
-                continue
-            groups.append((req, pb.nid2localnid(roots, pb.partid).long()))
-        local, inverse = torch.unique(torch.cat([g for _, g in groups]), return_inverse=True)
-        h, ages, counts = prepare(STATE.lg, STATE.model, STATE.feat, STATE.halo_x, STATE.history, local,
-                                  STATE.meta["fanouts"][:-1], STATE.version, STATE.boundary,
-                                  fusion=STATE.meta.get("fusion", True),
-                                  groups=torch.split(inverse, [len(g) for _, g in groups]))
-        answers, first = [], True
-        for (req, _), idx in zip(groups, torch.split(inverse, [len(g) for _, g in groups])):
-            q = quantize(h[idx], STATE.meta["bits"], generator=STATE.gen)
-            answers.append(RowsResponse(q.codes, q.scale, q.offset, sel=None, version=STATE.version,
-                                        ages=ages_summary(ages) if first else (0, 0, 0),
-                                        counts=tuple(counts) + (len(groups),) if first else (0, 0, 0, 0)))
-            first = False
+                    raise
+                _answer(req, RowsResponse(error=f"LampRequest on server: ValueError: {e}"))
+        answers = answer_merged(STATE.lg, STATE.model, STATE.feat, STATE.halo_x, STATE.history, STATE.boundary,
+                                [g for _, g in groups], STATE.meta, STATE.version, STATE.gen)
         own = None
         for (req, _), res in zip(groups, answers):
             if req is self:
@@ -367,6 +357,42 @@ def _answer(req, res) -> None:
     seq, client, group = req._reply_to
     rpc.set_msg_seq(seq)
     rpc.send_response(client, res, group)
+
+
+def answer_merged(lg, model, feat, halo_x, history, boundary, groups: List[torch.Tensor], meta: dict, version: int,
+                  gen: torch.Generator) -> List[RowsResponse]:
+    """An owner's answers to requests merged into one computation graph (`groups`: each request's
+    roots, local ids; level-1 fusion): h^(L-1) of each request's roots, quantized. The first answer
+    carries the ages of the history rows used and the counts; the computation they share reports
+    them once. The graph servers' LampRequest and the trainer engine both answer with it."""
+    from degnn.pipelines.lamp.history import ages_summary
+    from degnn.pipelines.lamp.quantize import quantize
+
+    local, inverse = torch.unique(torch.cat(groups), return_inverse=True)
+    split = torch.split(inverse, [len(g) for g in groups])
+    h, ages, counts = prepare(lg, model, feat, halo_x, history, local, meta["fanouts"][:-1], version, boundary,
+                              fusion=meta.get("fusion", True), groups=split)
+    out = []
+    for i, idx in enumerate(split):
+        q = quantize(h[idx], meta["bits"], generator=gen)
+        out.append(RowsResponse(q.codes, q.scale, q.offset, version=version,
+                                ages=ages_summary(ages) if i == 0 else (0, 0, 0),
+                                counts=tuple(counts) + (len(groups),) if i == 0 else (0, 0, 0, 0)))
+    return out
+
+
+def lower_layer_grads(lg, model, feat, halo_x, history, roots_local: torch.Tensor, grad_rows: torch.Tensor,
+                      meta: dict, version: int) -> Dict[str, torch.Tensor]:
+    """grad=push at an owner: the gradient rows of h^(L-1) of `roots_local`, backpropagated into
+    the model's lower layers (the top one only trainers run) through a fresh computation graph
+    below the roots (owners keep no per-request autograd state), by parameter name."""
+    top = f"layers.{meta['layers'] - 1}."
+    params = [(n, p) for n, p in model.named_parameters() if not n.startswith(top)]
+    with torch.enable_grad():
+        h, _, _ = prepare(lg, model, feat, halo_x, history, roots_local, meta["fanouts"][:-1], version,
+                          torch.zeros(lg.num_nodes, dtype=torch.bool))  # no write-back
+        grads = torch.autograd.grad(h, [p for _, p in params], grad_rows, allow_unused=True)
+    return {name: g for (name, _), g in zip(params, grads) if g is not None}
 
 
 def prepare(lg, model, feat, halo_x, history, roots_local, fanouts, version: int,
@@ -437,21 +463,13 @@ class GradPushRequest(_Guarded):
 
         _require_setup()
         pb = server_state.partition_book
-        roots = self.roots.long()
-        if len(roots) and not bool((pb.nid2partid(roots) == pb.partid).all()):
-            raise ValueError("pushed gradient rows must be of nodes this machine owns")
+        roots = owned_local_ids(pb, self.roots, "pushed gradient rows' roots")
         m = STATE.meta
         grad = dequantize(QRows(self.codes, self.scale, self.offset), m["bits"], m["hidden"])
-        top = f"layers.{m['layers'] - 1}."
-        params = [(n, p) for n, p in STATE.model.named_parameters() if not n.startswith(top)]
-        with torch.enable_grad():
-            h, _, _ = prepare(STATE.lg, STATE.model, STATE.feat, STATE.halo_x, STATE.history,
-                              pb.nid2localnid(roots, pb.partid).long(), m["fanouts"][:-1], STATE.version,
-                              torch.zeros(STATE.lg.num_nodes, dtype=torch.bool))  # no write-back
-            grads = torch.autograd.grad(h, [p for _, p in params], grad, allow_unused=True)
-        for (name, p), g in zip(params, grads):
-            if g is not None:
-                STATE.grads[name] = STATE.grads[name] + g if name in STATE.grads else g
+        grads = lower_layer_grads(STATE.lg, STATE.model, STATE.feat, STATE.halo_x, STATE.history, roots, grad, m,
+                                  STATE.version)
+        for name, g in grads.items():
+            STATE.grads[name] = STATE.grads[name] + g if name in STATE.grads else g
         STATE.grad_rows += len(roots)
         return AckResponse()
 
