@@ -30,6 +30,7 @@ import pickle
 import queue
 import threading
 import traceback
+from collections import Counter, defaultdict
 from concurrent.futures import Future
 from typing import Dict, List, NamedTuple
 
@@ -40,8 +41,8 @@ import torch.distributed as dist
 from degnn.pipelines.lamp.graph import LocalGraph
 from degnn.pipelines.lamp.history import History
 from degnn.pipelines.lamp.quantize import QRows, dequantize
-from degnn.pipelines.lamp.service import (HistoryPullRequest, LampServiceError, RowsResponse, answer_merged,
-                                          lower_layer_grads, owned_local_ids)
+from degnn.pipelines.lamp.service import (HistoryPullRequest, LampServiceError, RowsResponse, add_grads,
+                                          answer_merged, lower_layer_grads, owned_local_ids)
 
 # the ByteCounter category of each section of a round, asked and answered (wire bytes)
 REQUEST_CATEGORY = {"lamp": "lamp_request", "sync": "history_sync", "grad": "grad_push"}
@@ -187,19 +188,17 @@ class TrainerEngine:
         back = self._exchange([pickle.dumps({k: _pack(v) for k, v in a.items()}) if a else b"" for a in answers])
         part_of = {r: m for m, r in self.rank_of.items()}
         lamp, sync = {}, {}
-        nbytes: Dict[int, Dict[str, int]] = {}
+        nbytes: Dict[int, Counter] = defaultdict(Counter)
         for m, s in sent.items():
             for k, n in s.items():
-                cat = REQUEST_CATEGORY[k]
-                nbytes.setdefault(m, {})[cat] = nbytes.get(m, {}).get(cat, 0) + n
+                nbytes[m][REQUEST_CATEGORY[k]] += n
         for r, b in enumerate(back):
             if not b:
                 continue
             m = part_of[r]
             sections = pickle.loads(b)
             for k, v in sections.items():
-                cat = ANSWER_CATEGORY[k]
-                nbytes.setdefault(m, {})[cat] = nbytes.get(m, {}).get(cat, 0) + len(v)
+                nbytes[m][ANSWER_CATEGORY[k]] += len(v)
             got = {k: _unpack(v) for k, v in sections.items()}
             if "error" in got:
                 raise LampServiceError(f"the trainer of machine {m} failed to answer a LAMP round: {got['error']}")
@@ -207,7 +206,7 @@ class TrainerEngine:
                 lamp[m] = RowsResponse(*got["lamp"])
             if "sync" in got:
                 sync[m] = RowsResponse(*got["sync"])
-        return RoundResult(lamp, sync, nbytes)
+        return RoundResult(lamp, sync, {m: dict(c) for m, c in nbytes.items()})
 
     def _answer(self, incoming: List[dict]) -> List[dict]:
         """This trainer's answers to every peer's asks (by rank); an error is answered, not raised."""
@@ -251,6 +250,5 @@ class TrainerEngine:
                                   owned_local_ids(self.pb, roots, "pushed gradient rows' roots"), grad, self.meta,
                                   self.version)
         with self.lock:
-            for name, g in grads.items():
-                self.owner_grads[name] = self.owner_grads[name] + g if name in self.owner_grads else g
+            add_grads(self.owner_grads, grads.items())
             self.owner_grad_rows += len(roots)

@@ -22,7 +22,7 @@ from degnn.pipelines.lamp.history import ages_summary, oldest_first
 from degnn.pipelines.lamp.quantize import QRows, check_bits, dequantize, quantize
 from degnn.pipelines.lamp.service import (AckResponse, GradPullRequest, GradPushRequest, HistoryPullRequest,
                                           HistoryPushRequest, LampRequest, LampSetupRequest,
-                                          SetWeightsRequest, call, payload_bytes, receive, send,
+                                          SetWeightsRequest, add_grads, call, payload_bytes, receive, send,
                                           servers_of)
 
 GRAD_MODES = ("stop", "push")
@@ -558,15 +558,13 @@ class LAMPPipeline(Pipeline):
     def _collect_owner_grads(self) -> None:
         if self.engine is not None:  # what this trainer's engine computed from its peers' rows
             grads, rows = self.engine.take_owner_grads()
-            for name, t in grads.items():
-                self.owner_grads[name] = self.owner_grads[name] + t if name in self.owner_grads else t
+            add_grads(self.owner_grads, grads.items())
             self.stats["owner_grad_rows"] += rows
             return
         if self.grad_pull is None:
             return
         for r in receive(self.grad_pull):
-            for name, t in zip(r.names, r.tensors):
-                self.owner_grads[name] = self.owner_grads[name] + t if name in self.owner_grads else t
+            add_grads(self.owner_grads, zip(r.names, r.tensors))
             self.stats["owner_grad_rows"] += r.rows
         self.grad_pull = None
 

@@ -381,6 +381,12 @@ def answer_merged(lg, model, feat, halo_x, history, boundary, groups: List[torch
     return out
 
 
+def add_grads(acc: Dict[str, torch.Tensor], grads) -> None:
+    """Sum (name, gradient) pairs into `acc` (grad=push: owner gradients waiting for an all-reduce)."""
+    for name, g in grads:
+        acc[name] = acc[name] + g if name in acc else g
+
+
 def lower_layer_grads(lg, model, feat, halo_x, history, roots_local: torch.Tensor, grad_rows: torch.Tensor,
                       meta: dict, version: int) -> Dict[str, torch.Tensor]:
     """grad=push at an owner: the gradient rows of h^(L-1) of `roots_local`, backpropagated into
@@ -468,8 +474,7 @@ class GradPushRequest(_Guarded):
         grad = dequantize(QRows(self.codes, self.scale, self.offset), m["bits"], m["hidden"])
         grads = lower_layer_grads(STATE.lg, STATE.model, STATE.feat, STATE.halo_x, STATE.history, roots, grad, m,
                                   STATE.version)
-        for name, g in grads.items():
-            STATE.grads[name] = STATE.grads[name] + g if name in STATE.grads else g
+        add_grads(STATE.grads, grads.items())
         STATE.grad_rows += len(roots)
         return AckResponse()
 
