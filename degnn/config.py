@@ -77,12 +77,17 @@ class TrainConfig:
     # stop after the epoch during which training time (evaluation excluded) reached this many
     # seconds (0 = no limit): a wall-time budget like pipeline=tma's time_limit, for benchmarks
     time_limit_s: float = 0.0
+    # where the trainers' models and batches live: cpu (tested), or cuda[:N] (needs CUDA builds
+    # of PyTorch and DGL; untested)
+    device: str = "cpu"
 
 
 @dataclass
 class PipelineConfig:
-    # distdgl | lamp | tma
+    # distdgl | lamp | tma, or a pipeline of your own (degnn/pipelines/__init__.py)
     name: str = MISSING
+    # the pipeline class (package.module.Class): how the launcher and every process find it
+    _target_: str = MISSING
     variant: str = "default"
 
 

@@ -20,9 +20,8 @@ from netns_support import needs_netns
 from degnn.data import load_dataset
 from degnn.data.evaluate import reciprocal_ranks
 from degnn.models import LinkModel, build_link_model
-from degnn.pipelines.evaluation import dataset_evaluator
-from degnn.pipelines.link import (LinkSplitError, batch_loss, link_scores, load_link_split, local_edge_loader,
-                                  negatives_per_positive)
+from degnn.tasks import task_of
+from degnn.tasks.link import LinkSplitError, LinkTask, link_scores, load_link_split, local_edge_loader
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -43,6 +42,11 @@ def tiny_link(tmp_path_factory):
 def _model_cfg(**kw):
     return OmegaConf.create({"name": "sage", "layers": 2, "hidden": 16, "fanouts": [5, 5], "dropout": 0.0,
                              "heads": 4, **kw})
+
+
+def dataset_evaluator(dataset: dict):
+    """The metric the task of a dataset config evaluates with."""
+    return task_of(OmegaConf.create({"dataset": dataset, "model": _model_cfg()})).evaluate_fn()
 
 
 def test_dataset_evaluator_chooses_by_task_and_refuses_the_rest():
@@ -101,10 +105,12 @@ def test_training_batches_have_one_negative_per_positive_and_the_model_learns_fr
     loader = local_edge_loader(g, torch.arange(g.num_edges()), [5, 5], 256)
     batch = next(iter(loader))
     input_nodes, pos, neg, blocks = batch
-    assert pos.num_edges() == 256 and neg.num_edges() == 256 and negatives_per_positive(batch) == 1.0
+    task = LinkTask(OmegaConf.create({"dataset": {"name": "tl", "kind": "synthetic"}, "model": _model_cfg()}))
+    task.observe(batch)
+    assert pos.num_edges() == 256 and neg.num_edges() == 256 and task.info["train_neg_per_pos"] == 1.0
     # negatives keep the positive's source (Uniform corrupts the destination)
     assert torch.equal(pos.ndata[dgl.NID][pos.edges()[0]], neg.ndata[dgl.NID][neg.edges()[0]])
-    loss = batch_loss(model, batch, g.ndata["feat"])
+    loss = task.batch_loss(model, batch, g.ndata["feat"])
     loss.backward()
     assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters())
 
@@ -139,9 +145,16 @@ def test_batches_per_epoch_is_checked_before_anything_starts():
     from degnn.launch.preflight import check_config
     from degnn.runtime.entry import compose_config
 
-    check_config(compose_config(["pipeline=distdgl", "train.batches_per_epoch=15"]))
-    with pytest.raises(LaunchError, match="only pipeline=distdgl"):
-        check_config(compose_config(["pipeline=lamp", "train.batches_per_epoch=15"]))
+    from degnn.pipelines import check_trainers, pipeline_class
+
+    for name, shortens in (("distdgl", True), ("lamp", False), ("tma", False)):
+        cfg = compose_config([f"pipeline={name}", "train.batches_per_epoch=15"])
+        check_config(cfg)
+        if shortens:
+            check_trainers(pipeline_class(cfg), cfg)
+        else:  # what the pipeline declares (Pipeline.shortens_epochs), checked by the launcher
+            with pytest.raises(ValueError, match="does not shorten its epochs"):
+                check_trainers(pipeline_class(cfg), cfg)
     with pytest.raises(LaunchError, match="train.batches_per_epoch=-1"):
         check_config(compose_config(["pipeline=distdgl", "train.batches_per_epoch=-1"]))
 

@@ -107,7 +107,7 @@ def test_fanouts_must_match_layers():
 def test_sampling_bytes_from_one_ownership_lookup(graph):
     """Every block's seeds are a prefix of the batch's input nodes, so the remote flags of the
     input nodes give each hop's remote seeds; the count equals the per-hop computation."""
-    from degnn.pipelines.distdgl import ID_BYTES, sampling_bytes
+    from degnn.metrics import ID_BYTES, sampling_bytes
 
     g, _ = graph
     owner = torch.arange(g.num_nodes()) % 3  # three machines; we are machine 0

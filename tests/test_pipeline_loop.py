@@ -1,4 +1,4 @@
-"""The epoch loop every pipeline shares (degnn/pipelines/base.py), driven by a scripted pipeline
+"""The epoch loop every pipeline shares (degnn/pipelines/loop.py), driven by a scripted pipeline
 in this process (a one-rank gloo group, no DGL cluster): the best-validation point, divergence,
 resuming (also into the same run directory), checkpoints that load with weights_only=True, and
 the resume checks (degnn/runtime/checkpoint.py)."""
@@ -17,9 +17,12 @@ import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 
 from degnn.config import CONF_DIR, register_configs
-from degnn.pipelines.base import Pipeline, rng_state, set_rng_state
+from degnn.pipelines.base import Pipeline
+from degnn.pipelines.loop import EpochLoop
+from degnn.pipelines.record import rng_state, set_rng_state
 from degnn.runtime.checkpoint import CheckpointError, check_resume, load_checkpoint
 from degnn.runtime.context import RunContext
+from degnn.tasks import task_of
 
 register_configs()
 
@@ -44,8 +47,8 @@ class Scripted(Pipeline):
 
     name = "scripted"
 
-    def __init__(self, ctx, losses, vals, tests):
-        super().__init__(ctx)
+    def __init__(self, ctx, task, losses, vals, tests):
+        super().__init__(ctx, task)
         self.losses, self.vals, self.tests = losses, vals, tests
         self.epoch = 0
 
@@ -54,15 +57,14 @@ class Scripted(Pipeline):
         self.model = torch.nn.Linear(4, 3)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.1)
 
-    def train_epoch(self, epoch, progress):
+    def batches_of(self, epoch):
         self.epoch = epoch
-        x = torch.randn(8, 4)
-        loss = self.model(x).pow(2).mean()
-        self.optimizer.zero_grad()
-        loss.backward()
-        self.optimizer.step()
-        self.ctx.counter.add("allreduce", 100)
-        return self.losses[epoch - 1], 2
+        yield from (torch.randn(8, 4), torch.randn(8, 4))
+
+    def step(self, x):
+        self.optimize(self.model(x).pow(2).mean())
+        self.ctx.counter.add("allreduce", 50)
+        return self.losses[self.epoch - 1]
 
     def evaluate(self):
         return self.vals[self.epoch - 1], self.tests[self.epoch - 1]
@@ -74,9 +76,9 @@ def run(run_dir: Path, *overrides, losses=None, vals=None, tests=None):
     ctx = RunContext(cfg=cfg, run_dir=run_dir, rank=0, world_size=1, local_rank=0, machines=1,
                      part_config=run_dir / "none.json", graph=None, log=logging.getLogger("t"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    p = Scripted(ctx, losses or [1.0 / (i + 1) for i in range(n)],
+    p = Scripted(ctx, task_of(cfg), losses or [1.0 / (i + 1) for i in range(n)],
                  vals or [0.1 * i for i in range(n)], tests or [0.05 * i for i in range(n)])
-    return p.run()
+    return EpochLoop(p).run()
 
 
 def strict_curve(run_dir: Path) -> list:

@@ -72,12 +72,19 @@ def _cfg(*overrides):
     (["pipeline.kill_rank=4"], "pipeline.kill_rank=4"),
     (["pipeline.kill_at=later"], "pipeline.kill_at='later' is not a duration"),
     (["pipeline.kill_during=setup"], "pipeline.kill_during='setup'"),
-    (["cluster.trainers_per_machine=2"], "cluster.trainers_per_machine=1"),
 ])
 def test_launcher_preflight_rejects(overrides, message):
     with pytest.raises(ValueError, match=None) as e:
         TMAPipeline.prepare_launch(_cfg(*overrides), overrides)
     assert message in str(e.value)
+
+
+def test_one_trainer_a_machine_is_what_the_pipeline_declares():
+    from degnn.pipelines import check_trainers
+
+    with pytest.raises(ValueError, match="cluster.trainers_per_machine=1"):
+        check_trainers(TMAPipeline, _cfg("cluster.trainers_per_machine=2"))
+    check_trainers(TMAPipeline, _cfg())
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANT_PARTITION))

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from degnn.config import CONF_DIR, register_configs
 from degnn.models import check_model_config
-from degnn.pipelines import get_pipeline
+from degnn.pipelines import check_task, check_trainers, pipeline_class
 
 from .plan import LaunchError
 from .preflight import check_config, check_resume_dir
@@ -36,6 +36,11 @@ def _fail(msg: str, code: int = 2) -> None:
 def _one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
+
+
+def config_dirs(hc) -> list:
+    """The folders Hydra composes from (conf/ and those on hydra.searchpath)."""
+    return [s.path for s in hc.runtime.config_sources if s.schema == "file" and s.path]
 
 
 def _print_partition_report(part_config) -> None:
@@ -57,12 +62,15 @@ def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
     task = list(hc.overrides.task)
+    # config folders on Hydra's search path (a pipeline of one's own) reach every process too
+    task += [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath=")]
     try:
         # cheap checks first: no partitioning for a run that cannot start
         check_config(cfg)
         machines = machines_of(cfg.cluster)
-        pipeline_cls = get_pipeline(cfg.pipeline.name)
-        pipeline_cls.check_task(cfg)
+        pipeline_cls = pipeline_class(cfg)
+        check_task(pipeline_cls, cfg, config_dirs(hc))
+        check_trainers(pipeline_cls, cfg)
         check_model_config(cfg.model)
         # the pipeline's own checks; it may pick the partition (TMA's variants) for every process
         task += pipeline_cls.prepare_launch(cfg, task)

@@ -39,10 +39,13 @@ def check_config(cfg) -> None:
     _int_at_least(cfg, "train.eval_batch_size", 1)
     _int_at_least(cfg, "train.eval_every", 1)
     _int_at_least(cfg, "train.batches_per_epoch", 0, " (0 = one pass over the training data)")
-    if cfg.train.batches_per_epoch and cfg.pipeline.name not in ("distdgl",):
-        raise LaunchError(f"train.batches_per_epoch={cfg.train.batches_per_epoch}: only pipeline=distdgl "
-                          f"shortens its epochs; remove it for pipeline={cfg.pipeline.name}")
     _int_at_least(cfg, "train.checkpoint_every", 1)
+    from degnn.runtime.device import DeviceError, device_of
+
+    try:
+        device_of(cfg.train.device)
+    except DeviceError as e:
+        raise LaunchError(str(e)) from None
     _int_at_least(cfg, "train.patience", 0, " (0 = no early stop)")
     _positive(cfg, "train.lr")
     _positive(cfg, "train.weight_decay", allow_zero=True)

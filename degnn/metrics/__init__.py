@@ -18,22 +18,50 @@ SUMMARY_FILE = "summary.json"
 CURVE_FILE = "curve.jsonl"
 
 
+ID_BYTES = 8  # an int64 node or edge id on the wire
+
+
 class ByteCounter:
     """Application-level bytes, by category, counted where degnn sends or requests them.
 
-    Categories used by the pipelines: ``sampling`` (sampling RPC to remote servers),
-    ``features`` (KVStore pulls of remote rows), ``allreduce`` (gradient all-reduce),
-    ``rpc`` (degnn's own RPC services), ``eval`` (evaluation traffic, kept out of per-batch numbers).
-    """
+    The categories are declared (degnn.metrics.summary.BYTE_CATEGORIES, and each pipeline's
+    `byte_categories`), so a mistyped one fails at once instead of counting apart."""
 
-    def __init__(self):
+    def __init__(self, categories=None):
+        from degnn.metrics.summary import BYTE_CATEGORIES
+
         self.bytes: Dict[str, int] = defaultdict(int)
+        self.known = set(BYTE_CATEGORIES) | set(categories or ())
+
+    def declare(self, categories) -> None:
+        self.known |= set(categories)
 
     def add(self, category: str, nbytes: int) -> None:
+        if category not in self.known:
+            raise KeyError(f"byte category {category!r} is not declared (known: {', '.join(sorted(self.known))})")
         self.bytes[category] += int(nbytes)
 
     def as_dict(self) -> Dict[str, int]:
         return dict(self.bytes)
+
+
+def sampling_bytes(remote, blocks) -> int:
+    """Bytes of the sampling RPCs a DistGraph batch sent to other machines.
+
+    DGL sends the seeds of each hop to the machine that owns them (8 bytes per id) and gets back
+    the sampled edges as (src, dst, eid) int64 triples; seeds owned by this machine are sampled
+    locally and never cross the network. `remote` flags the batch's input nodes owned elsewhere:
+    every block's destination nodes are a prefix of them (DGL's block layout), so one ownership
+    lookup per batch serves every hop and the feature pull.
+    """
+    total = 0
+    for block in blocks:
+        seeds_remote = remote[:block.num_dst_nodes()]
+        if not bool(seeds_remote.any()):
+            continue
+        # the edges sampled for remote seeds are their in-edges in the block (no COO needed)
+        total += ID_BYTES * int(seeds_remote.sum()) + 3 * ID_BYTES * int(block.in_degrees()[seeds_remote].sum())
+    return total
 
 
 class PhaseTimer:

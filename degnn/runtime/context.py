@@ -5,6 +5,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig
 
 from degnn.metrics import ByteCounter
@@ -25,6 +26,8 @@ class RunContext:
     counter: ByteCounter = field(default_factory=ByteCounter)
     # beat() per batch and per epoch: the launcher's hang detection (degnn/runtime/heartbeat.py)
     heartbeat: Heartbeat = NULL
+    # train.device (degnn/runtime/device.py)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
     def is_rank0(self) -> bool:

@@ -38,7 +38,9 @@ def compose_config(overrides: List[str]):
 
     register_configs()
     with initialize_config_dir(CONF_DIR, version_base="1.3", job_name="degnn"):
-        cfg = compose("config", overrides=[o for o in overrides if not o.startswith("hydra.")])
+        # hydra.searchpath finds config groups outside conf/ (a pipeline of one's own)
+        cfg = compose("config", overrides=[o for o in overrides
+                                           if not o.startswith("hydra.") or o.startswith("hydra.searchpath=")])
     OmegaConf.resolve(cfg)
     return cfg
 
@@ -106,7 +108,9 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     import torch.distributed as dist
 
     from degnn.metrics import result_line
-    from degnn.pipelines import get_pipeline
+    from degnn.pipelines import pipeline_class
+    from degnn.runtime.device import device_of
+    from degnn.tasks import task_of
     from degnn.runtime import services
     from degnn.runtime.context import RunContext
     from degnn.runtime.partition_info import read_partition_json
@@ -122,7 +126,9 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     meta = read_partition_json(part_config)
     machines = meta["num_parts"]
 
-    pipeline_cls = get_pipeline(cfg.pipeline.name)
+    pipeline_cls = pipeline_class(cfg)
+    task = task_of(cfg)
+    device = device_of(cfg.train.device)
     # a pipeline that outlives a dead trainer never touches gloo (Pipeline.tolerates_trainer_faults)
     gloo = not pipeline_cls.tolerates_trainer_faults
     services.register_all()
@@ -138,11 +144,12 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
              graph.num_edges(), machines)
     ctx = RunContext(cfg=cfg, run_dir=run_dir, rank=rank, world_size=world, local_rank=local_rank,
                      machines=machines, part_config=part_config, graph=graph, log=log,
-                     heartbeat=heartbeat)
-    pipeline = pipeline_cls(ctx)
-    summary = pipeline.run()
+                     heartbeat=heartbeat, device=device)
+    pipeline = pipeline_cls(ctx, task)
+    driver = pipeline_cls.driver()(pipeline)
+    summary = driver.run()
     rc = 0 if summary.get("status") == "ok" else 1
-    if pipeline.is_writer and not os.environ.get("DEGNN_LAUNCHED"):
+    if driver.record.wrote_summary and not os.environ.get("DEGNN_LAUNCHED"):
         # (degnn.launch prints it itself, once it has added the wire counters)
         print(result_line(summary), flush=True)
     if not gloo and (os.environ.get("DEGNN_LAUNCHED") or not pipeline.all_trainers_alive):

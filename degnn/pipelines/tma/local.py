@@ -1,16 +1,17 @@
 """A TMA trainer's data: the subgraph induced by the nodes its machine owns, and nothing else.
 
-TMA (reference/tma.md §2.2) trains each model on an induced subgraph: every edge whose endpoints
+TMA (docs/background.md, TMA) trains each model on an induced subgraph: every edge whose endpoints
 sit on different partitions is dropped, halo nodes included, and no feature ever crosses
 machines. The machine's partition is already in the local graph server's shared memory
 (`DistGraph.local_partition`: inner nodes plus 1-hop halo); we take its inner-to-inner edges and
 build a fresh, plain DGLGraph from them. (Sampling directly on the shared-memory partition
-aborted with std::bad_alloc in DGL 1.1.3, DESIGN.md, and it would see the halo.) Features, labels
+aborted with std::bad_alloc in DGL 1.1.3, docs/design.md "Pitfalls", and it would see the halo.) Features, labels
 and the train mask of the owned nodes are read once from the local KVStore server, through
 shared memory: no byte on the wire.
 
-Link task: the supervision edges are every edge of that subgraph (reference/tma.md §2.2), so
-cross-partition edges are dropped for training too; the graph holds no held-out edge.
+The task picks the supervision ids (degnn/tasks): the owned training nodes, or (link task, as in
+the TMA paper) every edge of the subgraph, so cross-partition edges are dropped for training too;
+the graph holds no held-out edge.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import torch
 class LocalData:
     graph: dgl.DGLGraph  # inner nodes only, relabelled 0..n-1, ndata feat (and label: node task)
     global_ids: torch.Tensor  # local id -> DistGraph id
-    # node task: local ids of the owned train nodes; link task: every local edge id
+    # the task's supervision ids of the local graph (train nodes, or every local edge)
     train_ids: torch.Tensor
     edges_total: int  # edges of the local partition before dropping the cut ones (inner dst)
 
@@ -39,7 +40,7 @@ def _csc_edges(part: dgl.DGLGraph):
     return part.edges()
 
 
-def build_local_data(g, part_config: str, log, link: bool = False) -> LocalData:
+def build_local_data(g, part_config: str, log, task) -> LocalData:
     part = g.local_partition
     if part is None:
         # trainers on machines without a graph server (not how degnn launches): read this
@@ -61,9 +62,5 @@ def build_local_data(g, part_config: str, log, link: bool = False) -> LocalData:
     local = dgl.graph((remap[src[keep]], remap[dst[keep]]), num_nodes=n)
     # owned rows of the KVStore: served by this machine's server through shared memory
     local.ndata["feat"] = g.ndata["feat"][gids].float()
-    if link:
-        train_ids = torch.arange(local.num_edges())
-    else:
-        local.ndata["label"] = g.ndata["label"][gids].long()
-        train_ids = g.ndata["train_mask"][gids].bool().nonzero().squeeze(1)
+    train_ids = task.local_ids(local, {k: g.ndata[k][gids] for k in task.node_fields()})
     return LocalData(graph=local, global_ids=gids, train_ids=train_ids, edges_total=int(into_inner.sum()))

@@ -1,0 +1,179 @@
+"""What every training driver records, the same way for every pipeline: the loop's counters,
+the best validation point and its model, checkpoints a later run resumes from, curve.jsonl and
+the typed run summary (degnn.metrics.summary).
+
+The epoch loop (loop.py) and TMA's rounds (tma/rounds.py) both drive a `RunRecord`; only the
+process that `writes` touches the run directory's shared files.
+"""
+from __future__ import annotations
+
+import os
+import random
+import resource
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from degnn.metrics import append_curve, breakdown_per_batch, read_curve, write_curve, write_summary
+from degnn.metrics.summary import NOT_PER_BATCH, RunSummary, to_dict
+from degnn.runtime.checkpoint import BEST_MODEL, CHECKPOINT, CheckpointError, check_resume, config_identity
+
+
+def rng_state() -> dict:
+    # tensors and plain numbers only: checkpoints are read with torch.load(weights_only=True)
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, words, gauss_next = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                      "has_gauss": int(has_gauss), "gauss": float(gauss)},
+            "python": {"version": version, "state": torch.tensor(words, dtype=torch.int64),
+                       "gauss": gauss_next}}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["gauss"]))
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(w) for w in py["state"].tolist()), py["gauss"]))
+
+
+def save_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def new_state() -> dict:
+    """The driver's counters (checkpointed as they are: plain numbers, lists and dicts).
+    `epoch` counts epochs, or averaging rounds for a round driver."""
+    return {"epoch": 0, "best_val": None, "best_test": None, "best_epoch": None, "test_final": None,
+            "train_time_s": 0.0, "epoch_times": [], "batches": 0, "bad_evals": 0, "bytes": {},
+            "wire_train_bytes": 0, "wall_s": 0.0}
+
+
+class RunRecord:
+    def __init__(self, pipeline):
+        self.p = pipeline
+        self.ctx, self.cfg = pipeline.ctx, pipeline.cfg
+        self.run_dir = self.ctx.run_dir
+        self.state = new_state()
+        self.writer: Optional[bool] = None  # a driver may say who writes (else the pipeline's is_writer)
+        self.wrote_summary = False
+
+    @property
+    def writes(self) -> bool:
+        return self.p.is_writer if self.writer is None else self.writer
+
+    # --- resume --------------------------------------------------------------------------------
+    def load_resume(self) -> Optional[dict]:
+        """The checkpoint of `resume=` (None without it); the launcher ran the same checks."""
+        return check_resume(self.cfg, self.ctx.world_size) if self.cfg.resume else None
+
+    def restore_model(self, ckpt: dict, optimizer: bool = True) -> None:
+        p = self.p
+        try:
+            p.model.load_state_dict(ckpt["model"])
+            if optimizer:
+                p.optimizer.load_state_dict(ckpt["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise CheckpointError(f"resume={self.cfg.resume}: {CHECKPOINT} does not fit this model "
+                                  f"({first[:150]}); resume with the config of the run that "
+                                  f"wrote it") from None
+
+    def restore_counters(self, counters: dict) -> None:
+        """This trainer's own counters from a checkpoint: steps, wire bytes, bytes by category."""
+        self.p.batches = counters["batches"]
+        self.p.wire_train_bytes = counters["wire_train_bytes"]
+        for k, v in counters["bytes"].items():
+            self.ctx.counter.add(k, v)
+
+    def continue_curve(self, key: str, upto: int) -> None:
+        """The curve continues with the records (`key` <= `upto`) of the run we resume, each once
+        (also when resuming into its own directory, whose curve may hold later records)."""
+        if self.writes:
+            kept = {rec[key]: rec for rec in read_curve(Path(self.cfg.resume)) if rec.get(key, 0) <= upto}
+            write_curve(self.run_dir, [kept[k] for k in sorted(kept)])
+
+    def write_config(self) -> None:
+        if self.writes:
+            (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg))
+
+    # --- progress --------------------------------------------------------------------------------
+    def curve(self, record: dict) -> None:
+        if self.writes:
+            append_curve(self.run_dir, record)
+
+    def keep_best(self, val: float, test: float, at: int) -> bool:
+        """An evaluation: test_final, the best validation point (its test and model); True if better."""
+        state = self.state
+        state["test_final"] = test
+        if state["best_val"] is None or val > state["best_val"]:
+            state.update(best_val=val, best_test=test, best_epoch=at, bad_evals=0)
+            if self.writes:
+                save_atomic(self.run_dir / BEST_MODEL, {"model": self.p.model.state_dict(), "epoch": at})
+            return True
+        state["bad_evals"] += 1
+        return False
+
+    def checkpoint(self, optimizer: dict, rng) -> None:
+        if self.writes:
+            save_atomic(self.run_dir / CHECKPOINT, {
+                "model": self.p.model.state_dict(), "optimizer": optimizer, "state": dict(self.state),
+                "rng": rng, "config": config_identity(self.cfg)})
+
+    # --- the summary -----------------------------------------------------------------------------
+    def rank_stats(self) -> dict:
+        """This trainer's part of the summary (added up over trainers by `summary`)."""
+        p = self.p
+        return {"bytes": self.ctx.counter.as_dict(), "batches": p.batches, "wire": p.wire_train_bytes,
+                "has_wire": p.wire.path is not None,
+                "timing": {"phases": dict(p.timer.total), **p.timed},
+                "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                **p.rank_stats()}
+
+    def summary(self, ranks: List[dict], wall0: float, context: Optional[dict] = None) -> dict:
+        """The run summary from every trainer's `rank_stats` (written by the writer); `context`:
+        what the driver knows that the pipeline's summary_extra needs."""
+        ctx, cfg, state = self.ctx, self.cfg, self.state
+        cats: Dict[str, int] = {}
+        for r in ranks:
+            for k, v in r["bytes"].items():
+                cats[k] = cats.get(k, 0) + v
+        batches = sum(r["batches"] for r in ranks)
+        wire = sum(r["wire"] for r in ranks)
+        on_netns = any(r["has_wire"] for r in ranks)
+        app = sum(v for k, v in cats.items() if k not in NOT_PER_BATCH)
+        times = state["epoch_times"]
+        per_batch: Callable[[float], Optional[float]] = lambda x: x / batches if batches else None  # noqa: E731
+        s = RunSummary(
+            pipeline=cfg.pipeline.name, variant=cfg.pipeline.variant, dataset=cfg.dataset.name,
+            task=cfg.dataset.task, metric=self.p.task.metric, model=cfg.model.name, layers=cfg.model.layers,
+            hidden=cfg.model.hidden, fanouts=list(cfg.model.fanouts), machines=ctx.machines,
+            trainers=ctx.world_size, device=str(ctx.device),
+            best_val=state["best_val"], test=state["best_test"], test_final=state["test_final"],
+            best_epoch=state["best_epoch"], train_time_s=round(state["train_time_s"], 3),
+            wall_s=round(state["wall_s"] if state["wall_s"] else time.time() - wall0, 3),
+            epochs=state["epoch"], epoch_time_s=round(sum(times) / len(times), 3) if times else None,
+            epoch_times_s=[round(t, 3) for t in times], batches=int(batches),
+            app_bytes_per_batch=per_batch(app), allreduce_bytes_per_batch=per_batch(cats.get("allreduce", 0)),
+            app_bytes_by_category=cats, eval_bytes_total=int(cats.get("eval", 0)),
+            net_bytes_train=int(wire) if on_netns else None,
+            net_bytes_per_batch=per_batch(wire) if on_netns else None,
+            time_per_batch_s=breakdown_per_batch([r["timing"] for r in ranks if "timing" in r]),
+            peak_rss_mb_trainer=round(max(r["rss_mb"] for r in ranks), 1),
+            # a run whose processes fail never gets here (the launcher writes its summary); one
+            # that stops on its own (diverged) says why
+            status="failed" if state.get("error") else "ok", error=state.get("error"),
+            **self.p.task.summary())
+        out = to_dict(s, self.p.summary_extra(ranks, {"state": state, **(context or {})}))
+        if self.writes:
+            write_summary(self.run_dir, out)
+            self.wrote_summary = True
+        return out

@@ -1,0 +1,122 @@
+"""The learning task of a run as an object, chosen once from `dataset.task`.
+
+A pipeline never asks which task it trains: it asks the task. A task knows its supervision ids
+(training nodes, or training edges), its loaders (on the DistGraph, or on a plain local graph),
+its batches' inputs and loss, its model (a GNN with a class head, or a GNN encoder with a link
+decoder), its evaluation (the evaluator's metric on validation and test) and what it adds to the
+run summary.
+
+- `node.NodeTask`: node classification, accuracy (OGB's Evaluator for OGB data).
+- `link.LinkTask`: link prediction, MRR of each held-out edge against its fixed negatives.
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import torch
+
+class Task:
+    """What every task provides (see node.NodeTask and link.LinkTask)."""
+
+    name = ""
+    metric = ""
+    unit = ""  # what a supervision id is: "nodes" or "edges"
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    # --- the data ---------------------------------------------------------------------------
+    def prepare(self, ctx, collective: bool = True) -> None:
+        """Read what the task needs from the run once (classes, the held-out edges).
+        `collective=False`: without torch.distributed (a pipeline that survives dead trainers)."""
+
+    def dist_ids(self, g, pb) -> torch.Tensor:
+        """This trainer's share of the supervision ids of the DistGraph."""
+        raise NotImplementedError
+
+    def dist_loader(self, g, ids: torch.Tensor, batch_size: int):
+        raise NotImplementedError
+
+    def local_ids(self, graph, owned: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """Supervision ids of a plain local graph (`owned`: the node data read for it)."""
+        raise NotImplementedError
+
+    def local_loader(self, graph, ids: torch.Tensor, batch_size: int):
+        raise NotImplementedError
+
+    def whole_fields(self) -> List[str]:
+        """The node data whole-graph evaluation in one process needs besides the features."""
+        return []
+
+    def whole_train_ids(self, g, data: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """Supervision ids of the whole DistGraph (`data`: the whole_fields of every node)."""
+        raise NotImplementedError
+
+    def score_whole(self, h: torch.Tensor, data: Dict[str, torch.Tensor], model):
+        """(validation, test) of the last layer `h` of every node, in one process."""
+        raise NotImplementedError
+
+    def node_fields(self) -> List[str]:
+        """The node data a trainer needs besides the features."""
+        return []
+
+    # --- one batch --------------------------------------------------------------------------
+    def inputs(self, batch, feat, label=None):
+        """(x, y): the batch's input features, and its targets (None when the batch holds them)."""
+        raise NotImplementedError
+
+    def loss(self, model, batch, x, y) -> torch.Tensor:
+        raise NotImplementedError
+
+    def batch_loss(self, model, batch, feat, label=None) -> torch.Tensor:
+        return self.loss(model, batch, *self.inputs(batch, feat, label))
+
+    def lookup_bytes(self, pb, batch) -> int:
+        """Bytes of a DistGraph batch's lookups besides sampling and features (0 for nodes)."""
+        return 0
+
+    def observe(self, batch) -> None:
+        """Called with every training batch (a task may measure something on the first)."""
+
+    # --- the model and its evaluation ----------------------------------------------------------
+    def build_model(self, in_dim: int) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def out_dims(self) -> List[int]:
+        """Output width of every layer (the layer-wise evaluator's tables)."""
+        raise NotImplementedError
+
+    def scorer(self, ctx):
+        """(logits or embeddings of every node, model, evaluate_fn) -> (validation, test); a
+        collective: rank 0 gets the numbers."""
+        raise NotImplementedError
+
+    def evaluate_fn(self):
+        """The dataset's metric (degnn/data/evaluate.py: OGB's Evaluator)."""
+        raise NotImplementedError
+
+    def evaluator(self, ctx, model):
+        """A DistEvaluator of `model` (collectives: every trainer calls it together)."""
+        from degnn.tasks.evaluation import DistEvaluator
+
+        return DistEvaluator(ctx, model, self)
+
+    def describe(self) -> str:
+        return self.metric
+
+    def summary(self) -> dict:
+        return {}
+
+
+def task_of(cfg) -> Task:
+    """The task of `cfg.dataset.task` (ValueError for another)."""
+    name = cfg.dataset.task
+    if name == "node":
+        from degnn.tasks.node import NodeTask
+
+        return NodeTask(cfg)
+    if name == "link":
+        from degnn.tasks.link import LinkTask
+
+        return LinkTask(cfg)
+    raise ValueError(f"dataset {cfg.dataset.name}: dataset.task={name!r}: choose node or link")

@@ -1,0 +1,78 @@
+"""Whole-graph evaluation on a DistGraph, for the pipelines whose trainers meet in collectives.
+
+Layer-wise, full-neighbour inference as DistDGL does it: for each layer, every trainer computes
+that layer's output for its share of all nodes and writes it into a DistTensor; after a barrier
+the next layer reads those rows (`inference`). Then the task scores the last layer: node task,
+rank 0 scores the validation and test predictions with the dataset's evaluator (OGB's
+`Evaluator`); link task, every trainer scores its share of the held-out edges against their
+negatives with the model's decoder and rank 0 averages the reciprocal ranks of all.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import dgl
+import torch
+import torch.distributed as dist
+
+from degnn.runtime.compat import DistNodeDataLoader, MultiLayerFullNeighborSampler
+
+
+def remote_rows(pb, nids: torch.Tensor) -> int:
+    """How many of `nids` live on another machine (their reads cross the network)."""
+    return int((pb.nid2partid(nids) != pb.partid).sum())
+
+
+def gather_to_rank0(ctx, obj) -> list:
+    """Every trainer's `obj`, on rank 0 (None elsewhere)."""
+    gathered = [None] * ctx.world_size
+    dist.all_gather_object(gathered, obj)
+    return gathered if ctx.is_rank0 else None
+
+
+class DistEvaluator:
+    """`evaluator()` -> (validation, test) metric of `model` on the whole DistGraph, identical on
+    every rank; `inference()` -> the DistTensor of the last layer's output for every node."""
+
+    def __init__(self, ctx, model, task):
+        g = ctx.graph
+        self.ctx, self.g, self.model, self.task = ctx, g, model, task
+        self.pb = g.get_partition_book()
+        self.batch_size = ctx.cfg.train.eval_batch_size
+        self.evaluate_fn = task.evaluate_fn()
+        n = g.num_nodes()
+        self.all_nids = dgl.distributed.node_split(torch.ones(n, dtype=torch.bool), self.pb, force_even=True)
+        self.score = task.scorer(ctx)
+        policy = g.get_node_partition_policy("_N")
+        self.outputs = [
+            dgl.distributed.DistTensor((n, d), torch.float32, name=f"degnn_eval_h{i}",
+                                       part_policy=policy, persistent=True)
+            for i, d in enumerate(task.out_dims())
+        ]
+
+    @torch.no_grad()
+    def inference(self, layers=None):
+        """Layer-wise full-neighbour inference of the first `layers` layers (default: all);
+        returns the last one's DistTensor."""
+        feat_bytes = self.g.ndata["feat"].shape[1] * 4
+        x = self.g.ndata["feat"]
+        self.model.eval()
+        sampler = MultiLayerFullNeighborSampler(1)
+        for i, out in enumerate(self.outputs[:layers]):
+            loader = DistNodeDataLoader(self.g, self.all_nids, sampler, batch_size=self.batch_size,
+                                        shuffle=False, drop_last=False)
+            row_bytes = (feat_bytes if i == 0 else x.shape[1] * 4)
+            for input_nodes, output_nodes, blocks in loader:
+                self.ctx.counter.add("eval", remote_rows(self.pb, input_nodes) * row_bytes)
+                out[output_nodes] = self.model.layer_forward(i, blocks[0], x[input_nodes])
+                self.ctx.heartbeat.beat()
+            self.g.barrier()
+            x = out
+        self.model.train()
+        return x
+
+    def __call__(self) -> Tuple[float, float]:
+        val, test = self.score(self.inference(), self.model, self.evaluate_fn)
+        box = [val, test]
+        dist.broadcast_object_list(box, src=0)
+        return box[0], box[1]

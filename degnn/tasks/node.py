@@ -1,0 +1,132 @@
+"""Node classification: supervision by the training nodes' labels, cross-entropy, accuracy."""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import dgl
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from degnn.data.evaluate import accuracy_evaluator
+from degnn.models import build_model
+from degnn.runtime.compat import DistNodeDataLoader, NeighborSampler
+from degnn.tasks import Task
+from degnn.tasks.evaluation import gather_to_rank0
+
+
+def num_classes_of(g, pb, counter=None, collective: bool = True) -> int:
+    """Classes among the whole graph's training labels (as every pipeline counts them).
+
+    With torch.distributed: each trainer takes the largest label of its own training nodes and
+    one all-reduce takes the maximum. Without it (a pipeline that must not block on a dead
+    peer): the labels are scanned through the KVStore, remote rows counted under `setup`."""
+    if collective:
+        own = dgl.distributed.node_split(g.ndata["train_mask"], pb, force_even=True)
+        top = torch.tensor([int(g.ndata["label"][own].max()) if len(own) else 0])
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        return int(top) + 1
+    n, top = g.num_nodes(), 0
+    for start in range(0, n, 65536):
+        nids = torch.arange(start, min(n, start + 65536))
+        mask = g.ndata["train_mask"][nids].bool()
+        if mask.any():
+            top = max(top, int(g.ndata["label"][nids][mask].max()))
+        if counter is not None:
+            counter.add("setup", int((pb.nid2partid(nids) != pb.partid).sum()) * (8 + 8 + 1))
+    return top + 1
+
+
+class NodeScorer:
+    """Accuracy of the validation and test nodes: each trainer predicts its share, rank 0 scores."""
+
+    def __init__(self, ctx):
+        g = self.g = ctx.graph
+        pb = g.get_partition_book()
+        self.ctx = ctx
+        self.val_nids = dgl.distributed.node_split(g.ndata["val_mask"], pb, force_even=True)
+        self.test_nids = dgl.distributed.node_split(g.ndata["test_mask"], pb, force_even=True)
+
+    def _one(self, logits, nids, evaluate_fn):
+        pairs = gather_to_rank0(self.ctx, (self.g.ndata["label"][nids].long(), logits[nids].argmax(1)))
+        if pairs is None:
+            return None
+        return evaluate_fn(torch.cat([t for t, _ in pairs]), torch.cat([p for _, p in pairs]))
+
+    def __call__(self, logits, model, evaluate_fn):
+        return self._one(logits, self.val_nids, evaluate_fn), self._one(logits, self.test_nids, evaluate_fn)
+
+
+
+class NodeTask(Task):
+    name = "node"
+    metric = "acc"
+    unit = "nodes"
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.num_classes = None
+        self.label = None
+
+    def prepare(self, ctx, collective: bool = True) -> None:
+        g = ctx.graph
+        self.num_classes = num_classes_of(g, g.get_partition_book(), ctx.counter, collective)
+        self.label = g.ndata["label"]
+
+    def dist_ids(self, g, pb) -> torch.Tensor:
+        return dgl.distributed.node_split(g.ndata["train_mask"], pb, force_even=True)
+
+    def dist_loader(self, g, ids, batch_size: int):
+        return DistNodeDataLoader(g, ids, NeighborSampler(list(self.cfg.model.fanouts)),
+                                  batch_size=batch_size, shuffle=True, drop_last=False)
+
+    def node_fields(self) -> List[str]:
+        return ["label", "train_mask"]
+
+    def local_ids(self, graph, owned: Dict[str, torch.Tensor]) -> torch.Tensor:
+        graph.ndata["label"] = owned["label"].long()
+        return owned["train_mask"].bool().nonzero().squeeze(1)
+
+    def local_loader(self, graph, ids, batch_size: int):
+        return dgl.dataloading.DataLoader(graph, ids, NeighborSampler(list(self.cfg.model.fanouts)),
+                                          batch_size=batch_size, shuffle=True, drop_last=False)
+
+    def whole_fields(self) -> List[str]:
+        return ["label", "val_mask", "test_mask", "train_mask"]
+
+    def whole_train_ids(self, g, data) -> torch.Tensor:
+        return data["train_mask"].bool().nonzero().squeeze(1)
+
+    def score_whole(self, h, data, model):
+        pred, label, fn = h.argmax(1), data["label"].long(), self.evaluate_fn()
+        val, test = (data[k].bool().nonzero().squeeze(1) for k in ("val_mask", "test_mask"))
+        return fn(label[val], pred[val]), fn(label[test], pred[test])
+
+    def inputs(self, batch, feat, label=None):
+        """Batch (input_nodes, seeds, blocks): the input nodes' features, the seeds' labels
+        (`label` by node id: a DistTensor pull, or the local graph's labels)."""
+        label = self.label if label is None else label
+        return feat[batch[0]].float(), label[batch[1]].long()
+
+    def loss(self, model, batch, x, y) -> torch.Tensor:
+        return F.cross_entropy(model(batch[-1], x), y)
+
+    def build_model(self, in_dim: int) -> torch.nn.Module:
+        return build_model(self.cfg.model, in_dim, self.num_classes)
+
+    def out_dims(self) -> List[int]:
+        m = self.cfg.model
+        return [m.hidden] * (m.layers - 1) + [self.num_classes]
+
+    def scorer(self, ctx):
+        return NodeScorer(ctx)
+
+    def evaluate_fn(self):
+        ds = self.cfg.dataset
+        return accuracy_evaluator(str(ds.name)) if ds.kind == "ogb" else accuracy_evaluator()
+
+    def describe(self) -> str:
+        return f"{self.num_classes} classes"
+
+    def summary(self) -> dict:
+        return {"num_classes": self.num_classes}
