@@ -288,6 +288,13 @@ def test_each_variant_trains_averages_and_evaluates_on_two_machines(tmp_path, va
     assert sum(c["averaging_bytes"] for c in curve) == s["averaging_bytes"] - 4 * s["param_bytes"]  # - round 0
     assert curve[1]["train_time_s"] > curve[0]["train_time_s"] >= 4
     assert (run_dir / "best_model.pt").is_file() and (run_dir / "tma_rank1.pt").is_file()
+    # the averaging itself: after the last round every trainer holds the same model (the mean, or
+    # LLCG's correction of it), and it is the model the evaluator scored and checkpointed
+    own = [torch.load(run_dir / f"tma_rank{r}.pt", weights_only=True) for r in (0, 1)]
+    shared = torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
+    assert own[0]["round"] == own[1]["round"] == 2
+    for name, t in shared.items():
+        assert torch.equal(own[0]["model"][name], t) and torch.equal(own[1]["model"][name], t), name
     _nothing_left(run_dir)
 
 

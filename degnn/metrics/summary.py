@@ -63,6 +63,9 @@ class RunSummary:
     # seconds per batch by phase, mean over trainers (degnn.metrics.PhaseTimer)
     time_per_batch_s: Optional[Dict[str, float]] = None
     peak_rss_mb_trainer: Optional[float] = None
+    # synchronous pipelines: whether every trainer ends with bit-identical parameters (what a
+    # gradient all-reduce guarantees; false means a trainer stepped on gradients of its own)
+    params_agree: Optional[bool] = None
     # what the task adds: node, the classes; link, negatives per training positive (measured)
     # and the held-out edges with their negatives
     num_classes: Optional[int] = None

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from degnn.pipelines.record import RunRecord, rng_state, set_rng_state
+from degnn.pipelines.record import RunRecord, param_digest, rng_state, set_rng_state
 
 
 def diverged(loss: float, batches: int) -> bool:
@@ -137,7 +137,7 @@ class EpochLoop:
             val, test = p.evaluate()
             state.update(best_val=val, best_test=test, test_final=test, best_epoch=state["epoch"])
         ranks = [None] * ctx.world_size
-        dist.all_gather_object(ranks, rec.rank_stats())
+        dist.all_gather_object(ranks, {**rec.rank_stats(), "param_digest": param_digest(p.model)})
         return rec.summary(ranks, wall0)
 
     def after_epoch(self, epoch: int, loss: float, nb: int, dt: float, wall0: float) -> bool:

@@ -49,6 +49,16 @@ def save_atomic(path: Path, obj: dict) -> None:
     os.replace(tmp, path)
 
 
+def param_digest(model: torch.nn.Module) -> str:
+    """A fingerprint of a model's parameters, bit for bit."""
+    import hashlib
+
+    h = hashlib.sha1()
+    for t in model.parameters():
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def new_state() -> dict:
     """The driver's counters (checkpointed as they are: plain numbers, lists and dicts).
     `epoch` counts epochs, or averaging rounds for a round driver."""
@@ -151,6 +161,7 @@ class RunRecord:
         on_netns = any(r["has_wire"] for r in ranks)
         app = sum(v for k, v in cats.items() if k not in NOT_PER_BATCH)
         times = state["epoch_times"]
+        digests = [r.get("param_digest") for r in ranks]
         per_batch: Callable[[float], Optional[float]] = lambda x: x / batches if batches else None  # noqa: E731
         s = RunSummary(
             pipeline=cfg.pipeline.name, variant=cfg.pipeline.variant, dataset=cfg.dataset.name,
@@ -168,6 +179,7 @@ class RunRecord:
             net_bytes_per_batch=per_batch(wire) if on_netns else None,
             time_per_batch_s=breakdown_per_batch([r["timing"] for r in ranks if "timing" in r]),
             peak_rss_mb_trainer=round(max(r["rss_mb"] for r in ranks), 1),
+            params_agree=len(set(digests)) == 1 if None not in digests else None,
             # a run whose processes fail never gets here (the launcher writes its summary); one
             # that stops on its own (diverged) says why
             status="failed" if state.get("error") else "ok", error=state.get("error"),

@@ -42,7 +42,7 @@ class RoundLoop:
         self.p = pipeline
         self.ctx, self.cfg = pipeline.ctx, pipeline.cfg
         self.record = RunRecord(pipeline)
-        self.client = pipeline.client
+        self.client = None  # the pipeline's coordinator client, once it is set up
         self.summary: Optional[dict] = None
 
     # --- local training ------------------------------------------------------------------------
@@ -62,6 +62,7 @@ class RoundLoop:
     def run(self) -> dict:
         p, ctx = self.p, self.ctx
         p.setup()
+        self.client = p.client
         self.wall0 = time.time()
         state = self.record.state
         state.update(trainers_alive=None, coordinator_log=[])
