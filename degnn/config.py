@@ -84,6 +84,8 @@ class PipelineConfig:
     # distdgl | lamp | tma
     name: str = MISSING
     variant: str = "default"
+    # modules whose SERVICES lists (DGL RPC services) every server and trainer registers
+    services: List[str] = field(default_factory=list)
 
 
 @dataclass

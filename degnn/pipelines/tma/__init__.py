@@ -1,4 +1,4 @@
-"""pipeline=tma: RandomTMA, SuperTMA, PSGD-PA and LLCG (Zhu et al. 2023; reference/tma.md §2-§5).
+"""pipeline=tma: RandomTMA, SuperTMA, PSGD-PA and LLCG (arXiv 2305.09887; docs/background.md, "TMA").
 
 One model per machine, trained only on the subgraph its machine owns (local.py: cross-partition
 edges dropped, no feature traffic), replaced by the mean of the live trainers' models every
@@ -115,7 +115,7 @@ class TMAPipeline(Pipeline):
         if cfg.cluster.trainers_per_machine != 1:
             raise ValueError("pipeline=tma trains one model per machine (its partition): set "
                              "cluster.trainers_per_machine=1")
-        from degnn.launch.launcher import machines_of
+        from degnn.runtime.cluster import machines_of
 
         k = len(machines_of(cfg.cluster))
         drop = list(p.drop_parts)
