@@ -327,7 +327,7 @@ def edges_kept(s: dict) -> Optional[float]:
     return s.get("edges_kept_fraction")
 
 
-# the TMA paper's Table 1 (ogbl-citation2, test MRR; reference/tma.md §5.2), in its row order
+# the TMA paper's Table 1 (ogbl-citation2, test MRR; docs/background.md, "TMA"), in its row order
 TABLE1 = [("tma/supernode", "SuperTMA", 0.8375), ("tma/random", "RandomTMA", 0.8328),
           ("tma/psgd-pa", "PSGD-PA", 0.8240), ("distdgl", "distdgl (synchronous; the paper's GGS)", 0.8195),
           ("tma/llcg", "LLCG", 0.8188)]
@@ -490,7 +490,7 @@ def lamp_section(runs: List[dict]) -> List[str]:
 
 
 def lamp_ablations(runs: List[dict]) -> List[str]:
-    """bench=lamp's ablations (issue 9): every lamp run with its asynchronous-pipeline and fusion
+    """bench=lamp's ablations: every lamp run with its asynchronous-pipeline and fusion
     settings, beside the distdgl run of the same dataset, layers and bandwidth (epoch-time ratio)."""
     ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("lamp", "distdgl")]
     lamp = [s for s in ok if s["pipeline"] == "lamp" and "prefetch" in s]

@@ -89,6 +89,8 @@ class PipelineConfig:
     # the pipeline class (package.module.Class): how the launcher and every process find it
     _target_: str = MISSING
     variant: str = "default"
+    # modules whose SERVICES lists (DGL RPC services) every server and trainer registers
+    services: List[str] = field(default_factory=list)
 
 
 @dataclass

@@ -15,7 +15,7 @@ import os.path as osp
 
 import torch
 
-from . import DatasetError, GraphData, _get
+from . import DatasetError, GraphData, config_value
 from . import ogb_layout as L
 from .evaluate import accuracy_evaluator, mrr_evaluator
 
@@ -24,12 +24,12 @@ EXPECTED = ("expected feat (float [N,F]), label (int [N]), "
 
 
 def load_custom(cfg) -> GraphData:
-    path = _get(cfg, "path")
+    path = config_value(cfg, "path")
     if not path or str(path) == "???":
         raise DatasetError("dataset=custom needs dataset.path=<dgl.save_graphs file or OGB-layout folder>")
     path = osp.abspath(osp.expanduser(str(path)))
-    name = _get(cfg, "name") or "custom"
-    task = _get(cfg, "task", "node")
+    name = config_value(cfg, "name") or "custom"
+    task = config_value(cfg, "task", "node")
     if osp.isdir(path):
         return _load_folder(name, path, task, cfg)
     if not osp.isfile(path):
@@ -85,7 +85,7 @@ def _load_file(name: str, path: str, cfg) -> GraphData:
 def _num_classes(cfg, label: torch.Tensor, path: str) -> int:
     """dataset.num_classes when set (0 = count from the labels); it must cover every label."""
     seen = int(label.max()) + 1 if label.numel() else 1
-    want = int(_get(cfg, "num_classes", 0) or 0)
+    want = int(config_value(cfg, "num_classes", 0) or 0)
     if want and want < seen:
         raise DatasetError(f"custom graph {path}: labels go up to {seen - 1} but dataset.num_classes={want}; "
                            f"set dataset.num_classes={seen} or 0 (count from the labels)")
@@ -107,12 +107,12 @@ def _load_folder(name: str, path: str, task: str, cfg) -> GraphData:
     if task == "link":
         meta = L.link_meta(path, name, splits[0], add_inverse_edge=False)
         _, g, split = L.read_link(name, path, meta)
-        split = _with_negatives(split, g, int(_get(cfg, "seed", 0) or 0), path)
+        split = _with_negatives(split, g, int(config_value(cfg, "seed", 0) or 0), path)
         return GraphData(name=name, task="link", graph=g, num_classes=0, metric="mrr", evaluate=mrr_evaluator(),
                          link_split=split, info={"path": path, "source": "custom"})
     if not osp.isfile(osp.join(raw, "node-label.csv.gz")):
         raise DatasetError(f"custom folder {path}: raw/node-label.csv.gz missing; node classification needs labels")
-    num_classes = int(_get(cfg, "num_classes", 0) or 0)
+    num_classes = int(config_value(cfg, "num_classes", 0) or 0)
     # ogb only uses num_classes as metadata; our own count comes from the labels when not configured
     meta = L.node_meta(path, name, max(num_classes, 1), splits[0], extra_node_files=extra)
     _, g, labels, split = L.read_node(name, path, meta)

@@ -22,7 +22,7 @@ from typing import List
 
 from degnn.proc import environ_of, pid_alive
 
-from .isolate import HOLDER_ENV, SHM, registered
+from .registry import HOLDER_ENV, SHM, registered
 
 LAUNCHER_ENV = "DEGNN_LAUNCHER_PID"
 

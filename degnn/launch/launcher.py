@@ -20,6 +20,7 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from .netns import NetnsCluster
 from degnn.metrics import progress_of, result_line
+from degnn.runtime.cluster import machines_of
 
 from .plan import (DEFAULT_ENTRY, LaunchError, Plan, absolute_overrides, build_plan, entry_argv,
                    read_part_config)
@@ -63,21 +64,6 @@ def check_ports_free(host: str, ports: Sequence[int]) -> None:
                 raise LaunchError(
                     f"port {port} on {host} is in use ({e.strerror}): a server left from an earlier "
                     f"run? stop it or pick another cluster.port")
-
-
-def machines_of(cluster) -> List[Tuple[str, int]]:
-    """(ip, first server port) of every machine."""
-    kind = cluster.kind
-    if kind == "local":
-        if cluster.machines != 1:
-            raise LaunchError(f"cluster=local runs one machine, got cluster.machines="
-                              f"{cluster.machines}; use cluster=netns for several machines")
-        return [("127.0.0.1", cluster.port)]
-    if kind == "netns":
-        return [(f"{cluster.subnet}.{i + 1}", cluster.port) for i in range(cluster.machines)]
-    if kind == "ssh":
-        return ssh.read_ip_config(cluster.ip_config, cluster.port)
-    raise LaunchError(f"cluster.kind={kind!r}: expected local, netns or ssh")
 
 
 def make_plan(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str],

@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, IO, List, Optional
 
+from degnn.proc import die_with_parent
+
 from .hang import HangWatch, process_state
 from .plan import Plan, Proc, child_env
 
@@ -85,16 +87,6 @@ def _tail(path: str, n: int = 3) -> List[str]:
     return [l for l in text.splitlines() if l.strip()][-n:]
 
 
-def _die_with_parent() -> None:
-    # runs in the child between fork and exec: if the launcher is SIGKILLed (no handler runs),
-    # the kernel kills its processes too. Kept across exec for non-setuid programs (nsenter, ssh).
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except Exception:
-        pass
-
-
 def _copy(src: IO[bytes], log: IO[bytes], console: IO[bytes]) -> None:
     fd = src.fileno()
     while True:
@@ -146,7 +138,7 @@ class Supervisor:
             self.command(proc), env=child_env({**proc.env, "DEGNN_LAUNCHER_PID": str(os.getpid())}),
             cwd=self.cwd,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if tee else log,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
         r = Running(proc, popen, log)
         if tee:
             # started by run() once every process is forked (no fork while a thread runs)

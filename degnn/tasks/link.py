@@ -1,4 +1,4 @@
-"""Link prediction (the task of the TMA paper, arXiv:2305.09887; docs/background.md, TMA).
+"""Link prediction (the task of the TMA paper; docs/background.md, "TMA").
 
 Training (a mini-batch of training edges): one uniform negative per positive (DGL's
 `negative_sampler.Uniform(1)`: a random destination node for the same source), the model's

@@ -1,5 +1,5 @@
-"""pipeline=lamp: DEGNN's decentralized batch processing with LAMP (reference/degnn.md §4,
-"LAMP-R"). The machines that own a batch's remote neighbours prepare them; bytes per batch stop
+"""pipeline=lamp: DEGNN's decentralized batch processing with LAMP (docs/background.md,
+"LAMP (DEGNN)"). The machines that own a batch's remote neighbours prepare them; bytes per batch stop
 growing with the number of layers.
 
 One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
@@ -45,7 +45,7 @@ One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
 Histories are initialised with one layer-wise inference pass (the evaluator's whole-graph pass
 computes every layer's output for every node). Evaluation is the evaluator's, as for distdgl.
 
-Choices where the paper is silent (reference/degnn.md §6), and why:
+Choices where the paper is silent (docs/background.md, "LAMP (DEGNN)"), and why:
 * Histories keep h^(1..L-2) only (GAS keeps L-1 tables): a remote node's h^(L-1) is always
   prepared fresh by its owner, so that table would never be read; a 2-layer model has no
   history at all (nothing to push or synchronise).

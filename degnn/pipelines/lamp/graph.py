@@ -18,7 +18,8 @@ the destinations of block k-1 (their computed rows come first) and the leaves' r
 
 Sampling runs DGL's sampler on a private copy of the partition's CSC arrays, not on the
 shared-memory partition itself (that aborted with std::bad_alloc on a trainer in DGL 1.1.3,
-DESIGN.md), so the same code runs in servers, trainers and tests on a hand-made partition.
+docs/background.md, "DGL, OGB and Hydra facts"), so the same code runs in servers, trainers and
+tests on a hand-made partition.
 """
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""pipeline=tma: RandomTMA, SuperTMA, PSGD-PA and LLCG (Zhu et al. 2023, arXiv:2305.09887;
-docs/background.md, TMA).
+"""pipeline=tma: RandomTMA, SuperTMA, PSGD-PA and LLCG (arXiv 2305.09887; docs/background.md, "TMA").
 
 One model per machine, trained only on the subgraph its machine owns (local.py: cross-partition
 edges dropped, no feature traffic), replaced by the mean of the live trainers' models every
@@ -134,7 +133,7 @@ class TMAPipeline(Pipeline):
             raise ValueError(f"pipeline.weighting={p.weighting!r}: choose uniform or train_nodes")
         if p.grad_clip < 0 or p.corr_steps < 0:
             raise ValueError("pipeline.grad_clip and pipeline.corr_steps must be >= 0")
-        from degnn.launch.launcher import machines_of
+        from degnn.runtime.cluster import machines_of
 
         k = len(machines_of(cfg.cluster))
         drop = list(p.drop_parts)

@@ -2,7 +2,7 @@
 TMA run, so that the run outlives a dead trainer.
 
 Why not gloo: an all-reduce, barrier or all_gather blocks forever (or aborts) when one peer is dead
-(DESIGN.md, pitfalls). Here every exchange is a request to server 0 with a deadline kept by the
+(docs/design.md, pitfalls). Here every exchange is a request to server 0 with a deadline kept by the
 server, and a trainer that misses a deadline is simply left out:
 
 round r (r = 0 is the start: the lowest rank's initial weights go to everyone, so every replica
@@ -22,7 +22,7 @@ starts identical, and the training clocks start together):
 
 The server loop is single-threaded and has no timers, so deadlines are checked whenever a request
 arrives (trainers poll every few tens of milliseconds while they wait). Every request is answered,
-errors included: an exception inside a DGL server would kill the server (DESIGN.md).
+errors included: an exception inside a DGL server would kill the server (docs/background.md).
 
 This module is imported by every server (degnn.runtime.services); it imports dgl and torch only.
 """

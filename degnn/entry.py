@@ -1,8 +1,10 @@
-"""The per-process entry: every process of a run (graph servers and trainers) runs this.
+"""The per-process entry (`python -m degnn.train`): every process of a run (graph servers and
+trainers) runs this. It sits above the pipelines: it picks the configured one and runs it.
 
-DGL's contract (docs/design.md, "Processes and roles"): all processes run the same command line; the role comes
-from the environment. Servers register degnn's RPC services and serve their partition (never
-returning); trainers initialise DGL, then torch.distributed (gloo), then run the pipeline.
+DGL's contract (docs/design.md, "Processes and roles"): all processes run the same command line;
+the role comes from the environment. Servers register the RPC services the configured pipeline
+lists (`pipeline.services`) and serve their partition (never returning); trainers register the
+same services, initialise DGL, then torch.distributed (gloo), then run the pipeline.
 
 The config is composed with Hydra's compose API rather than `@hydra.main`, because a server or a
 non-zero rank must not create its own output folder or job log: the launcher (a real Hydra app)
@@ -97,7 +99,7 @@ def run_server(cfg, run_dir: Path) -> None:
     Heartbeat(heartbeat_path(run_dir, f"server{os.environ['DGL_SERVER_ID']}")).start()
     from degnn.runtime import services
 
-    services.register_all()
+    services.register(cfg.pipeline.services)
     log.info("serving %s as server %s", os.environ["DGL_CONF_PATH"], os.environ["DGL_SERVER_ID"])
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])  # never returns in a server
 
@@ -131,7 +133,7 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     device = device_of(cfg.train.device)
     # a pipeline that outlives a dead trainer never touches gloo (Pipeline.tolerates_trainer_faults)
     gloo = not pipeline_cls.tolerates_trainer_faults
-    services.register_all()
+    services.register(cfg.pipeline.services)
     t0 = time.time()
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])
     if gloo:
