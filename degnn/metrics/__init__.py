@@ -85,17 +85,24 @@ class PhaseTimer:
 
     def __init__(self):
         self.total: Dict[str, float] = dict.fromkeys(self.PHASES, 0.0)
+        self._inner = [0.0]  # per open phase: the time its nested phases took
 
     def add(self, phase: str, seconds: float) -> None:
         self.total[phase] += seconds
 
     @contextmanager
     def __call__(self, phase: str):
+        """Time a phase; a phase opened inside another counts for itself only (the loop times
+        a whole next(batches) as sampling, a pipeline may time parts of it as owner_wait)."""
         t0 = time.perf_counter()
+        self._inner.append(0.0)
         try:
             yield
         finally:
-            self.total[phase] += time.perf_counter() - t0
+            elapsed = time.perf_counter() - t0
+            nested = self._inner.pop()
+            self.total[phase] += elapsed - nested
+            self._inner[-1] += elapsed
 
 
 def timed_allreduce_hook(timer: PhaseTimer):
