@@ -30,7 +30,7 @@ from typing import Callable, IO, List, Optional
 
 from degnn.proc import die_with_parent
 
-from .faults import first_error, is_banner, oom_note, oom_counts
+from .faults import disk_note, first_error, is_banner, oom_counts, oom_note
 from .hang import HangWatch, process_state
 from .plan import Plan, Proc, child_env
 
@@ -262,7 +262,10 @@ class Supervisor:
                 pass
             if r.tee is not None and r.tee.is_alive():
                 r.tee.join(timeout=5)
-            r.log.close()
+            try:
+                r.log.close()
+            except OSError:  # what is buffered for a log on a full disk is lost, nothing else
+                pass
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> Outcome:
@@ -401,8 +404,8 @@ class Supervisor:
         out.failed, out.returncode = p, None
         out.message = (f"{p.describe()} pid {r.popen.pid} made no progress for {age:.0f}s "
                        f"(cluster.hang_timeout_s={self.hang_timeout_s:g}"
-                       f"{', process ' + state if state else ''}); log: {p.log}; "
-                       f"stopping every process")
+                       f"{', process ' + state if state else ''}); log: {p.log}"
+                       f"{disk_note(os.path.dirname(p.log))}; stopping every process")
         self.say(out.message)
         for line in _tail(p.log):
             self.say(f"  {p.name}| {line}")
@@ -413,7 +416,8 @@ class Supervisor:
         p = r.proc
         out.failed, out.returncode = p, rc
         out.message = (f"{p.describe()} pid {r.popen.pid} {self.describe(r, rc)}"
-                       f"{_error_of(p.log)}; log: {p.log}; stopping every other process")
+                       f"{_error_of(p.log)}; log: {p.log}{disk_note(os.path.dirname(p.log))}; "
+                       f"stopping every other process")
         self.say(out.message)
         for line in _tail(p.log):
             self.say(f"  {p.name}| {line}")

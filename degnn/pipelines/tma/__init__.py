@@ -59,7 +59,7 @@ from degnn.runtime.compat import NeighborSampler
 
 
 from .local import build_local_data
-from .service import CoordinatorClient
+from .service import CoordinatorClient, end_diverged
 
 VARIANT_PARTITION = {"random": "random", "supernode": "supernode", "psgd-pa": "metis", "llcg": "metis"}
 WEIGHTINGS = ("uniform", "train_nodes")
@@ -412,6 +412,8 @@ class TMAPipeline(Pipeline):
             self.client.call("submit", r, self._flat(), {"weight": self.weight, "stats": stats},
                              category=None)
             res = self.client.wait("poll_mean", r, ("mean",), category=None)
+            if res.meta.get("diverged"):  # every live trainer's loss is not finite (Coordinator)
+                return end_diverged(ctx, r, res.meta, self.wall0)
             round_s = time.time() - t0
             self._load_flat(res.tensor)
             losses = {k: s["loss"] for k, s in res.meta["stats"].items()
