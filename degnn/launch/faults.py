@@ -21,7 +21,7 @@ from typing import Dict, Iterable, List, Optional
 # LIBXSMM's statistics at exit (libxsmm_finalize): never the error
 BANNER = re.compile(r"^\s*(LIBXSMM_VERSION|LIBXSMM_TARGET|LIBXSMM_[A-Z_]+:|Registry and code|Command"
                     r"( \(PID=\d+\))?:|Uptime:|Scratch:|Registry:|Memory:|Threads:)")
-_ERROR = re.compile(r"Error|what\(\):|Exception|Killed|Aborted|Segmentation fault|^error:")
+_ERROR = re.compile(r"Error|\bERROR\b|what\(\):|Exception|Killed|Aborted|Segmentation fault|^error:")
 
 
 def is_banner(line: str) -> bool:
