@@ -291,7 +291,8 @@ def test_a_full_disk_leaves_no_broken_summary_and_says_so(part, tiny_disk):
     assert f"{run_dir / 'summary.json'} not written (No space left on device); the file system of " in err
     assert "is full" in err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("degnn.launch: run failed: trainer rank 1 (machine 0)") and "is full" in last
+    # rank 1 filled the disk; rank 0 may die of it first (its own write fails): either is named
+    assert last.startswith("degnn.launch: run failed: trainer rank ") and "is full" in last
     assert not [f for f in os.listdir(run_dir) if f.startswith(".summary.json")]
     _nothing_left(run_dir)
 

@@ -39,7 +39,8 @@ def say(msg: str) -> None:
     line = f"degnn.launch: {msg}"
     try:
         print(line, file=sys.stderr, flush=True)
-    except (OSError, ValueError):  # the terminal is gone (SIGHUP): launch.log still has it
+    except (OSError, ValueError, RuntimeError):
+        # the terminal is gone (SIGHUP), or a signal's line interrupted another: launch.log has it
         pass
     if _log_path:
         try:
