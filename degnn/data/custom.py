@@ -74,12 +74,20 @@ def _load_file(name: str, path: str, cfg) -> GraphData:
         if m.shape != (n,) or not (m.dtype == torch.bool or (not m.is_floating_point() and int(m.max()) <= 1)):
             raise DatasetError(f"custom graph {path}: node data '{key}' is {m.dtype} {list(m.shape)}; {EXPECTED}")
         g.ndata[key] = m.bool()
-    if int(g.ndata["train_mask"].sum()) == 0:
-        raise DatasetError(f"custom graph {path}: node data 'train_mask' selects no node; mark training nodes True")
+    _check_masks(g, path)
     g.ndata["label"] = label.long()
     num_classes = _num_classes(cfg, label, path)
     return GraphData(name=name, task="node", graph=g, num_classes=num_classes, metric="acc",
                      evaluate=accuracy_evaluator(), info={"path": path, "source": "custom"})
+
+
+def _check_masks(g, path: str) -> None:
+    """Every split selects at least one node: training needs train_mask, and evaluation (the best
+    model, early stop, the test metric) needs val_mask and test_mask."""
+    for key, what in (("train_mask", "training"), ("val_mask", "validation"), ("test_mask", "test")):
+        if int(g.ndata[key].sum()) == 0:
+            raise DatasetError(f"custom graph {path}: node data '{key}' selects no node; mark "
+                               f"{what} nodes True")
 
 
 def _num_classes(cfg, label: torch.Tensor, path: str) -> int:
@@ -123,6 +131,7 @@ def _load_folder(name: str, path: str, task: str, cfg) -> GraphData:
         raise DatasetError(f"custom folder {path}: raw/node-label.csv.gz has empty/NaN labels; give every node a class id")
     g.ndata["label"] = label.long()
     g.ndata.update(node_masks(g.num_nodes(), split))
+    _check_masks(g, path)
     return GraphData(name=name, task="node", graph=g, num_classes=_num_classes(cfg, label, path),
                      metric="acc", evaluate=accuracy_evaluator(), info={"path": path, "source": "custom"})
 
@@ -137,6 +146,9 @@ def _with_negatives(split, g, seed: int, path: str):
         if part not in split or "source_node" not in split[part] or "target_node" not in split[part]:
             raise DatasetError(f"custom folder {path}: the edge split has no {part} source_node/target_node; "
                                f"give valid and test edges (OGB's split_dict.pt layout)")
+        if len(split[part]["source_node"]) == 0:
+            raise DatasetError(f"custom folder {path}: the edge split's {part} edges are empty; give at "
+                               f"least one {part} edge (OGB's split_dict.pt layout)")
     if all("target_node_neg" in split[p] for p in ("valid", "test")):
         return split
     n = g.num_nodes()

@@ -25,6 +25,8 @@ import torch
 
 from degnn.pipelines.record import RunRecord, rng_state, save_atomic, set_rng_state
 
+from .service import end_diverged
+
 # round 0 waits this long for every trainer to come up (DGL start-up on a loaded machine)
 START_TIMEOUT_S = 180.0
 
@@ -84,12 +86,14 @@ class RoundLoop:
         self.client.wait("poll_start", 0, ("go",), category=None)
         batches = iter(p.batches_of(0)) if p.loader is not None else None
         for r in range(start_round + 1, p.rounds_total + 1):
-            self.one_round(r, batches)
+            if not self.one_round(r, batches):
+                return self.summary
             if r < p.rounds_total:
                 self.client.wait("poll_start", r, ("go",), category=None)
         return self.summary or {"status": "ok"}
 
-    def one_round(self, r: int, batches) -> None:
+    def one_round(self, r: int, batches) -> bool:
+        """One round; False when the run ends with it (diverged)."""
         p, ctx = self.p, self.ctx
         state = self.record.state
         budget = min(p.sync_s, p.limit_s - (r - 1) * p.sync_s)
@@ -105,6 +109,9 @@ class RoundLoop:
         stats = {**self.stats(), "round_steps": p.batches - steps0, "loss": loss}
         self.client.call("submit", r, p.flat(), {"weight": p.weight, "stats": stats}, category=None)
         res = self.client.wait("poll_mean", r, ("mean",), category=None)
+        if res.meta.get("diverged"):  # every live trainer's loss is not finite (the coordinator's verdict)
+            self.summary = end_diverged(ctx, r, res.meta, self.wall0)
+            return False
         round_s = time.time() - t0
         p.load_flat(res.tensor)
         meta = res.meta
@@ -128,6 +135,7 @@ class RoundLoop:
             break
         self.save_own(r)
         p.all_trainers_alive = bool(state.get("all_alive"))
+        return True
 
     def stats(self) -> dict:
         return self.record.rank_stats()
