@@ -74,6 +74,12 @@ class DistEvaluator:
             for i, d in enumerate(out_dims)
         ]
 
+    def inference(self) -> List:
+        """Every layer's output for every node (one DistTensor a layer, input layer first), from one
+        layer-wise whole-graph pass; every trainer calls it (collective)."""
+        self._inference()
+        return self.outputs
+
     @torch.no_grad()
     def _inference(self):
         feat_bytes = self.g.ndata["feat"].shape[1] * 4
