@@ -580,10 +580,20 @@ def test_server_answers_lamp_requests_exactly_and_survives_bad_ones(roots, tmp_p
         assert r["grad_norm"] > 0
 
 
+def assert_fed_the_owners_answers(run_dir):
+    """tests/lamp_answers_probe.py watched every batch of both trainers: the rows their top blocks
+    were fed for remote roots are the owners' answers (dequantized), exactly, and not nothing."""
+    for rank in (0, 1):
+        a = json.loads((run_dir / f"answers_rank{rank}.json").read_text())
+        assert a["batches"] > 0 and a["rows"] > 0 and a["answer_abs_sum"] > 0, a
+        assert a["max_abs_diff"] == 0.0, a
+
+
 @needs_netns
 def test_two_machine_lamp_run_trains_and_counts_its_bytes(roots, tmp_path):
-    """engine=server: the owners' preparation in the graph servers, over DGL RPC."""
-    p = launch(tmp_path, "pipeline=lamp", "pipeline.engine=server", "model.layers=3", "model.fanouts=[10,10,5]",
+    """engine=server: the owners' preparation in the graph servers, over DGL RPC; the trainers'
+    top blocks are fed the servers' answers."""
+    p = launch(tmp_path, "pipeline=lamp", "pipeline.engine=server", "cluster.entry=tests.lamp_answers_probe", "model.layers=3", "model.fanouts=[10,10,5]",
                "train.batch_size=100", "train.epochs=2", "pipeline.sync_every=3", "pipeline.prefetch=2", *roots)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
@@ -615,6 +625,7 @@ def test_two_machine_lamp_run_trains_and_counts_its_bytes(roots, tmp_path):
     # 2 cores at load 14, so the test allows 10% and the benchmark reports the real ratio
     assert s["net_bytes_per_batch"] >= s["app_bytes_per_batch"], s
     assert s["net_bytes_per_batch"] / s["app_bytes_per_batch"] - 1 < 0.10, s
+    assert_fed_the_owners_answers(tmp_path)
 
 
 @needs_netns
@@ -622,8 +633,10 @@ def test_two_machine_lamp_run_with_the_trainer_engine_and_pushed_gradients(roots
     """pipeline.engine=trainer: the trainers answer each other over torch.distributed. Nothing
     goes through the graph servers while training (no loopback bytes), one round per batch carries
     the LAMP roots, the halo sync and the pushed gradient rows (grad=push), whose parameter
-    gradients join the owners' all-reduce; what degnn counted is what the wire carried."""
-    p = launch(tmp_path, "pipeline=lamp", "pipeline.engine=trainer", "pipeline.grad=push", "model.layers=3",
+    gradients join the owners' all-reduce; what degnn counted is what the wire carried; the
+    trainers' top blocks are fed their peers' answers."""
+    p = launch(tmp_path, "pipeline=lamp", "pipeline.engine=trainer", "pipeline.grad=push",
+               "cluster.entry=tests.lamp_answers_probe", "model.layers=3",
                "model.fanouts=[10,10,5]", "train.batch_size=100", "train.epochs=1", "pipeline.sync_every=3", *roots)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
@@ -641,6 +654,7 @@ def test_two_machine_lamp_run_with_the_trainer_engine_and_pushed_gradients(roots
     assert s["owner_requests_per_computation"] == 1.0, s  # one peer: one request per round
     assert s["net_bytes_per_batch"] >= s["app_bytes_per_batch"], s
     assert s["net_bytes_per_batch"] / s["app_bytes_per_batch"] - 1 < 0.10, s
+    assert_fed_the_owners_answers(tmp_path)
 
 
 def test_trainer_engine_refuses_several_trainers_a_machine_before_starting(tmp_path):

@@ -223,7 +223,7 @@ class Owner:
         self.grad_rows = 0
 
     @classmethod
-    def build(cls, lg, feat, setup: Setup, history_cls=History) -> "Owner":
+    def build(cls, lg, feat, setup: Setup) -> "Owner":
         """An owner from its trainer's set-up (a fresh model replica and empty histories)."""
         from degnn.models import GNN
 
@@ -231,7 +231,7 @@ class Owner:
         model = GNN(m["kind"], m["in_dim"], m["hidden"], m["out_dim"], m["layers"], m["dropout"], m["heads"])
         # h^(1..L-2): the layers read as leaves (the top hidden layer, h^(L-1), is always prepared
         # fresh by the owners, so its history would never be read)
-        history = history_cls(lg.num_nodes, m["hidden"], m["layers"] - 2, m["bits"])
+        history = History(lg.num_nodes, m["hidden"], m["layers"] - 2, m["bits"])
         halo_x = torch.zeros(lg.num_nodes, feat.shape[1])
         halo_x[setup.halo_ids] = setup.halo_x.float()
         boundary = torch.zeros(lg.num_nodes, dtype=torch.bool)
