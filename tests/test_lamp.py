@@ -598,7 +598,8 @@ def test_two_machine_lamp_run_trains_and_counts_its_bytes(roots, tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["pipeline"] == "lamp" and s["status"] == "ok" and s["bits"] == 8 and s["layers"] == 3, s
-    assert s["epochs"] == 2 and s["batches"] > 0 and 0.0 < s["test"] <= 1.0, s
+    # it learned: twice the accuracy of guessing (8 classes; 0.34-0.38 measured in 2 epochs)
+    assert s["epochs"] == 2 and s["batches"] > 0 and 2 / s["num_classes"] <= s["test"] <= 1.0, s
     cats = s["app_bytes_by_category"]
     assert set(cats) >= {"lamp_request", "lamp_response", "history_sync", "allreduce"}
     assert all(cats[k] > 0 for k in ("lamp_request", "lamp_response", "history_sync", "allreduce"))
