@@ -23,7 +23,7 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from degnn.config import LAMPConfig, PipelineConfig, TMAConfig
 
@@ -128,8 +128,9 @@ def what_it_shows(runs: Sequence[Tuple[str, dict]]) -> str:
                              f"both pay alike)")
                 parts.append(text)
     if tma:
+        alive = tma.get("trainers_alive", "?")
         parts.append(f"RandomTMA trained each machine on its own partition for {tma.get('train_time_s', 0):.0f}s "
-                     f"and sent only model averages ({tma.get('trainers_alive', '?')} trainers averaged "
+                     f"and sent only model averages ({alive} trainer{'' if alive == 1 else 's'} averaged "
                      f"{tma.get('rounds', '?')} times)")
     return "; ".join(parts) + "." if parts else ""
 

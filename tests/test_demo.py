@@ -99,3 +99,20 @@ def test_bars_are_off_where_no_terminal_watches(monkeypatch):
     monkeypatch.setenv("DEGNN_LAUNCHED", "1")
     assert console.bars_enabled()  # the launcher's console may be one
     assert stream.getvalue() == ""
+
+
+def test_the_trainers_console_handler_is_the_bar_aware_one(tmp_path, monkeypatch):
+    from degnn.runtime.entry import setup_logging
+
+    root = logging.getLogger()
+    saved, level = list(root.handlers), root.level
+    monkeypatch.setenv("DEGNN_LAUNCHED", "1")
+    try:
+        setup_logging(tmp_path, "rank0", to_console=True)
+        assert [type(h) for h in root.handlers] == [console.TqdmLogHandler]
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in saved:
+            root.addHandler(h)
+        root.setLevel(level)
