@@ -6,9 +6,10 @@ before ``@hydra.main`` (the entry points call it at import).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -84,6 +85,8 @@ class PipelineConfig:
     # distdgl | lamp | tma
     name: str = MISSING
     variant: str = "default"
+    # modules whose SERVICES lists (DGL RPC services) every server and trainer registers
+    services: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -267,3 +270,25 @@ def register_configs() -> None:
     cs.store(group="pipeline", name="lamp_schema", node=LAMPConfig)
     cs.store(name="partition_schema", node=PartitionJob)
     cs.store(name="bench_schema", node=BenchJob)
+
+
+def unknown_keys(cfg, prefix: str = "") -> List[Tuple[str, List[str]]]:
+    """Keys of a composed config that its schema does not have: (dotted key, the schema's keys).
+
+    Hydra's `+key=value` adds a key even to a structured config (it opens the node for the
+    override), so the closed schema alone does not refuse `+train.epochz=3`; this walk does."""
+    from omegaconf import DictConfig, OmegaConf
+
+    out: List[Tuple[str, List[str]]] = []
+    schema = OmegaConf.get_type(cfg)
+    known = ([f.name for f in dataclasses.fields(schema)]
+             if schema is not None and dataclasses.is_dataclass(schema) else None)
+    for key in cfg.keys():
+        dotted = f"{prefix}{key}"
+        if known is not None and key not in known:
+            out.append((dotted, known))
+            continue
+        node = cfg._get_node(key)
+        if isinstance(node, DictConfig) and not node._is_missing() and not node._is_none():
+            out += unknown_keys(node, dotted + ".")
+    return out

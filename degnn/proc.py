@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import List
 
@@ -15,6 +16,17 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:  # exists, owned by someone else
         return True
     return True
+
+
+def die_with_parent() -> None:
+    """`preexec_fn` of a child the launcher starts: runs between fork and exec, so that a launcher
+    that is SIGKILLed (no handler runs) takes the child with it (PR_SET_PDEATHSIG). Kept across
+    exec for non-setuid programs (nsenter, ssh, unshare)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except Exception:
+        pass
 
 
 def environ_of(pid) -> dict:

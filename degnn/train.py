@@ -1,10 +1,10 @@
 """`python -m degnn.train <hydra overrides>`: the command every server and trainer process runs.
 
-Started by `python -m degnn.launch` or by DGL's own tools/launch.py; see degnn/runtime/entry.py.
+Started by `python -m degnn.launch` or by DGL's own tools/launch.py; see degnn/entry.py.
 """
 import sys
 
-from degnn.runtime.entry import main
+from degnn.entry import main
 
 if __name__ == "__main__":
     sys.exit(main())

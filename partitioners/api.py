@@ -24,7 +24,7 @@ import numpy as np
 
 from degnn.proc import pid_alive
 
-from .assign import METHODS, PartitionError, compute_assignment, effective_num_supernodes, structure_graph
+from .assign import METHODS, RANDOM_STREAM, PartitionError, compute_assignment, effective_num_supernodes, structure_graph
 from .stats import partition_stats
 from .writer import LINK_SPLIT, write_partitions
 
@@ -282,6 +282,8 @@ def _settings(dataset_cfg, partition_cfg) -> Dict[str, Any]:
         s["num_supernodes"] = int(partition_cfg.num_supernodes)
     if s["method"] != "random":
         s["balance_edges"] = bool(partition_cfg.balance_edges)
+    else:
+        s["stream"] = RANDOM_STREAM
     if s["dataset"].get("task") == "link":  # partitions of link data carry its split (writer.LINK_SPLIT)
         s["link_split"] = LINK_SPLIT
     return s

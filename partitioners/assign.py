@@ -3,8 +3,11 @@
 Every method returns an int64 numpy vector ``part[i]`` (the part of original node ``i``); the
 same writer (`partitioners.writer`) then turns any assignment into DGL's partition format.
 
-* ``random``: every node draws its part uniformly and independently (numpy ``default_rng(seed)``),
-  as DistDGL's ``part_method="random"`` and RandomTMA's "random-nodes" do.
+* ``random``: every node draws its part uniformly and independently, as DistDGL's
+  ``part_method="random"`` and RandomTMA's "random-nodes" do, from a stream of its own
+  (``default_rng([RANDOM_STREAM, seed])``): with ``default_rng(seed)`` the parts would repeat
+  whatever a user drew from the same seed (labels drawn with ``default_rng(0).integers`` made
+  the parts a function of the labels).
 * ``metis``: K-way METIS through ``dgl.metis_partition_assignment`` with the training nodes
   balanced (``balance_ntypes=train_mask``, as DistDGL's examples pass it) and, when
   ``balance_edges``, in-degrees balanced too. METIS itself is deterministic: the seed is unused.
@@ -17,6 +20,10 @@ from __future__ import annotations
 import numpy as np
 
 METHODS = ("random", "metis", "supernode")
+
+# mixed into the random method's seed: its stream is nobody else's (part of the cache key,
+# partitioners/api.py: a new stream is a new folder)
+RANDOM_STREAM = 0x5EED_9A27
 
 # a super-node holds at least this many nodes on average (see effective_num_supernodes)
 MIN_SUPERNODE_SIZE = 20
@@ -69,7 +76,7 @@ def train_balance_types(g):
 
 
 def random_assignment(num_nodes: int, num_parts: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng([RANDOM_STREAM, int(seed)])
     return rng.integers(0, num_parts, size=num_nodes, dtype=np.int64)
 
 

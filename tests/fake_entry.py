@@ -12,7 +12,11 @@ shuts the servers down). Trainers check what the launcher promises and record it
     attaches to its server's shared-memory partition) and a feature pull.
 Every FAKE_X may also be given as DEGNN_FAKE_X (the launcher exports DEGNN_* over ssh).
 Faults: FAKE_FAIL_RANK=r / FAKE_FAIL_SERVER=s exit 1 after FAKE_FAIL_AFTER seconds (default 2),
-while everyone else then hangs (like trainers blocked in RPC) until stopped.
+while everyone else then hangs (like trainers blocked in RPC) until stopped. The failing trainer
+first: FAKE_FAIL_TRACEBACK=1 prints a Python traceback and then LIBXSMM's exit banner;
+FAKE_FILL_DISK=1 fills the run directory's file system; FAKE_EAT_MB=n allocates n MB (for the
+kernel's OOM killer). FAKE_IGNORE_TERM=1: every process ignores SIGTERM (stopping then takes
+the grace period); FAKE_NOISE=1: rank 0 answers SIGTERM with DGL's noise, as a stopped peer does.
 Rank 0 writes summary.json with `batches` like the real entry.
 """
 from __future__ import annotations
@@ -159,9 +163,38 @@ def dgl_trainer(rank: int) -> dict:
     return res
 
 
+def fail_like_a_real_process(run_dir: str) -> None:
+    if E.get("FAKE_FILL_DISK") == "1":
+        try:
+            with open(os.path.join(run_dir, "fill"), "wb") as f:
+                while True:
+                    f.write(b"\0" * 4096)
+                    f.flush()
+        except OSError:
+            pass
+    if E.get("FAKE_EAT_MB"):
+        hog = []
+        for _ in range(int(E["FAKE_EAT_MB"])):
+            hog.append(bytearray(1 << 20))  # touched: the pages are really used
+    if E.get("FAKE_FAIL_TRACEBACK") == "1":
+        print("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+              "ValueError: fan-out -2 is not a number of neighbours", flush=True)
+        print("\nLIBXSMM_VERSION: main_stable-1.17-3651 (25693763)\nLIBXSMM_TARGET: clx\n"
+              "Registry and code: 13 MB\nCommand: python3 -m degnn.train\nUptime: 5.24 s", flush=True)
+
+
 def main() -> None:
     run_dir = arg("hydra.run.dir")
     role = E.get("DGL_ROLE")
+    import signal
+    if E.get("FAKE_IGNORE_TERM") == "1":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif E.get("FAKE_NOISE") == "1" and role != "server" and E.get("RANK") == "0":
+        def noise(signum, frame):
+            print("User pressed Ctrl+C, Exiting\nterminate called without an active exception",
+                  flush=True)
+            os._exit(1)
+        signal.signal(signal.SIGTERM, noise)
     if E.get("FAKE_DGL") == "1":
         if role == "server":
             import dgl
@@ -171,6 +204,8 @@ def main() -> None:
         return server(run_dir)
     rank, machine = int(E["RANK"]), int(E["GROUP_RANK"])
     print(f"trainer rank {rank} machine {machine} pid {os.getpid()} argv {sys.argv[1:]}", flush=True)
+    if E.get("FAKE_FAIL_RANK") == str(rank):
+        fail_like_a_real_process(run_dir)
     res = dgl_trainer(rank) if E.get("FAKE_DGL") == "1" else trainer_checks(rank, machine, run_dir)
     res["env"] = {k: v for k, v in E.items() if k.startswith(("DGL_", "MASTER_", "GLOO_"))
                   or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",

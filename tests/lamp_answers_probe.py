@@ -64,7 +64,7 @@ def watch(run_dir: str, zero: bool) -> None:
 
 
 def main(argv) -> int:
-    from degnn.runtime.entry import main as entry_main, run_dir_from
+    from degnn.entry import main as entry_main, run_dir_from
     from degnn.runtime.compat import strip_local_rank
 
     if os.environ.get("DGL_ROLE") != "server":

@@ -1,6 +1,6 @@
 """A probe of LAMP's service on a real cluster, started by the launcher in place of degnn.train
 (`cluster.entry=tests.lamp_probe`, used by tests/test_lamp.py). Graph servers are degnn's own
-(degnn.runtime.entry, which registers the services); each trainer sets up its machine's server,
+(degnn.entry, which registers the services); each trainer sets up its machine's server,
 then asks the *other* machine's server for LAMP answers, some of them bad on purpose, and writes
 what it saw to <run dir>/probe_rank<r>.json.
 
@@ -29,14 +29,14 @@ def trainer(argv) -> int:
     from degnn.runtime import services
     from degnn.runtime.compat import strip_local_rank
     from degnn.runtime.context import RunContext
-    from degnn.runtime.entry import compose_config, run_dir_from
+    from degnn.entry import compose_config, run_dir_from
     from degnn.runtime.partition_info import read_partition_json
     import logging
 
     overrides, _ = strip_local_rank(argv)
     cfg = compose_config(overrides)
     run_dir = run_dir_from(overrides)
-    services.register_all()
+    services.register(cfg.pipeline.services)
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -113,7 +113,7 @@ def trainer(argv) -> int:
 
 def main(argv) -> int:
     if os.environ.get("DGL_ROLE") == "server":
-        from degnn.runtime.entry import main as entry_main
+        from degnn.entry import main as entry_main
 
         return entry_main(argv)
     try:

@@ -524,9 +524,11 @@ def test_an_exception_inside_the_service_is_answered_not_raised(monkeypatch):
 
 
 def test_lamp_services_are_registered_explicitly():
+    from degnn.entry import compose_config
     from degnn.runtime import services
 
-    ids = {sid: req for sid, req, _ in services.all_services()}
+    # every server and trainer of a lamp run registers what conf/pipeline/lamp.yaml lists
+    ids = {sid: req for sid, req, _ in services.all_services(compose_config(["pipeline=lamp"]).pipeline.services)}
     assert {7710, 7711, 7712, 7713, 7714, 7715, 7716} <= set(ids)
     assert ids[7714] is service.LampRequest
     # the service module imports only dgl and torch (servers import it before initialize)
@@ -561,7 +563,7 @@ def test_server_answers_lamp_requests_exactly_and_survives_bad_ones(roots, tmp_p
     """tests/lamp_probe.py on two machines: errors inside the servers come back as errors, and the
     same servers then answer a good request with the exact hidden states (32 bits, full fan-outs,
     exact histories), and take pushed gradient rows into their lower layers (grad=push)."""
-    p = launch(tmp_path, "cluster.entry=tests.lamp_probe", "model.layers=3", "model.fanouts=[5,5,5]", *roots)
+    p = launch(tmp_path, "cluster.entry=tests.lamp_probe", "pipeline=lamp", "model.layers=3", "model.fanouts=[5,5,5]", *roots)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     for rank in (0, 1):
         r = json.loads((tmp_path / f"probe_rank{rank}.json").read_text())
@@ -683,7 +685,8 @@ def test_bench_lamp_composes_and_pairs_every_lamp_suite_with_distdgl():
     assert fanouts["bytes-L4-lamp"] == fanouts["bytes-L4-distdgl"] == "model.fanouts=[10,10,10,10]"
     bits = next(s for s in cfg.bench.suites if s.name == "bytes-L3-lamp").overrides
     assert "pipeline.bits=32,8,4,2" in bits and "train.epochs=1" in bits
-    # issue 9's ablations at 3 layers on both datasets, and the 3-layer comparison at 100 mbit
+    # the asynchronous-pipeline and fusion ablations at 3 layers on both datasets, and the 3-layer
+    # comparison at 100 mbit
     over = {s.name: s.overrides for s in cfg.bench.suites}
     assert "pipeline.prefetch=0,2" in over["ablation-prefetch"] and "pipeline.fusion=false" in over["ablation-fusion"]
     assert "pipeline.grad=push" in over["ablation-grad"] and "pipeline.engine=server" in over["ablation-engine"]
@@ -740,7 +743,7 @@ def test_report_puts_lamp_beside_distdgl_and_plots_bytes_against_layers(tmp_path
     assert "| distdgl | wordnet | 2 -> 4 | 1.0 | 8.8 | 9.00x |" in text
     assert "| lamp | wordnet | 2 -> 4 | 0.2 | 0.3 | 1.40x |" in text
     assert (tmp_path / "lamp_bytes_vs_layers.png").stat().st_size > 1000
-    # issue 9: the ablation table and the per-batch time breakdown (table and stacked bars)
+    # the ablation table and the per-batch time breakdown (table and stacked bars)
     assert ("| bytes-L3-lamp | wordnet | 3 | – | server | 1 | True | stop | 0.25 | 2.00 / 1.00 | **2.00x** | 10.0 | 100.0 | "
             "40.0 / 5.0 | 1.30 | 1.20 / 2 | 3.5 | 150 | 0.4950 | 0.3 |") in text
     assert "| bytes-L3-lamp wordnet b8 k1 fusion=1 | 20.0 | 10.0 | 100.0 | 30.0 | 10.0 | 1.0 | 171.0 |" in text

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 register_configs()
 
-# what DGL's tools/launch.py exports (reference/dgl-ecosystem.md section 1.3), plus our own
+# what DGL's tools/launch.py exports (docs/background.md, "DGL, OGB and Hydra facts"), plus our own
 SERVER_KEYS = {"DGL_ROLE", "DGL_NUM_SAMPLER", "OMP_NUM_THREADS", "DGL_NUM_CLIENT", "DGL_CONF_PATH",
                "DGL_IP_CONFIG", "DGL_NUM_SERVER", "DGL_GRAPH_FORMAT", "DGL_SERVER_ID", "PYTHONPATH",
                "DEGNN_LAUNCHED"}

@@ -137,7 +137,7 @@ def test_launcher_refuses_a_link_task_for_lamp_before_anything_starts(tmp_path):
 def test_batches_per_epoch_is_checked_before_anything_starts():
     from degnn.launch.plan import LaunchError
     from degnn.launch.preflight import check_config
-    from degnn.runtime.entry import compose_config
+    from degnn.entry import compose_config
 
     check_config(compose_config(["pipeline=distdgl", "train.batches_per_epoch=15"]))
     with pytest.raises(LaunchError, match="only pipeline=distdgl"):

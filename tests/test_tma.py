@@ -24,7 +24,7 @@ from degnn.metrics import read_curve
 from degnn.proc import environ_of
 from degnn.pipelines.tma import VARIANT_PARTITION, TMAPipeline, parse_duration
 from degnn.pipelines.tma.service import Coordinator
-from degnn.runtime.entry import compose_config
+from degnn.entry import compose_config
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable

@@ -45,7 +45,7 @@ class GraphData:
 KINDS = ("synthetic", "ogb", "wordnet", "custom")
 
 
-def _get(cfg, key, default=None):
+def config_value(cfg, key, default=None):
     # works for the DatasetConfig dataclass, an OmegaConf node and a plain dict; an unset `???`
     # value reads as `default`, so the caller's DatasetError (naming the fix) is what the user sees
     from omegaconf.errors import MissingMandatoryValue
@@ -59,15 +59,15 @@ def _get(cfg, key, default=None):
 
 
 def resolve_root(cfg) -> str:
-    root = _get(cfg, "root") or "data"
+    root = config_value(cfg, "root") or "data"
     return os.path.abspath(os.path.expanduser(str(root)))
 
 
 def load_dataset(cfg) -> GraphData:
     """Load the dataset described by a DatasetConfig (see degnn/config.py)."""
-    name = _get(cfg, "name")
-    kind = _get(cfg, "kind")
-    task = _get(cfg, "task", "node") or "node"
+    name = config_value(cfg, "name")
+    kind = config_value(cfg, "kind")
+    task = config_value(cfg, "task", "node") or "node"
     if not name:
         raise DatasetError("dataset.name is empty; pick a dataset, e.g. dataset=synthetic-tiny")
     if kind not in KINDS:
@@ -84,7 +84,7 @@ def load_dataset(cfg) -> GraphData:
     else:
         from .custom import load_custom as fn
     data = fn(cfg)
-    data = finalize(data, bool(_get(cfg, "to_bidirected", True)))
+    data = finalize(data, bool(config_value(cfg, "to_bidirected", True)))
     data.info.setdefault("load_s", round(time.time() - t0, 3))
     return data
 
@@ -92,12 +92,12 @@ def load_dataset(cfg) -> GraphData:
 def on_disk(cfg) -> bool:
     """Whether loading needs no download: real OGB data must already be under dataset.root;
     every other kind is built offline (synthetic, WordNet) or is the user's own file."""
-    if _get(cfg, "kind") != "ogb":
+    if config_value(cfg, "kind") != "ogb":
         return True
     from .ogb_layout import _has_local
     from .ogb_real import dataset_dir
 
-    return _has_local(dataset_dir(resolve_root(cfg), str(_get(cfg, "name"))))
+    return _has_local(dataset_dir(resolve_root(cfg), str(config_value(cfg, "name"))))
 
 
 def dataset_version(cfg) -> Dict[str, object]:
@@ -106,14 +106,17 @@ def dataset_version(cfg) -> Dict[str, object]:
     Caches built from a dataset (the partitioners') key on this, so that a changed generator or a
     replaced file never reuses partitions of the old data.
     """
-    kind = _get(cfg, "kind")
+    kind = config_value(cfg, "kind")
     if kind == "synthetic":
         from .synthetic import _knobs
     elif kind == "wordnet":
         from .wordnet import _knobs
     else:
         # real OGB data and custom files: where they are, and when they last changed
-        path = _get(cfg, "path") if kind == "custom" else os.path.join(resolve_root(cfg), str(_get(cfg, "name", "")))
+        if kind == "custom":
+            path = config_value(cfg, "path")
+        else:
+            path = os.path.join(resolve_root(cfg), str(config_value(cfg, "name", "")))
         path = os.path.abspath(os.path.expanduser(str(path))) if path else ""
         return {"kind": kind, "path": path, "mtime": os.path.getmtime(path) if path and os.path.exists(path) else None}
     return {"kind": kind, **_knobs(cfg)}

@@ -15,7 +15,7 @@ import os.path as osp
 
 import torch
 
-from . import DatasetError, GraphData, _get
+from . import DatasetError, GraphData, config_value
 from . import ogb_layout as L
 from .evaluate import accuracy_evaluator, mrr_evaluator
 
@@ -24,12 +24,12 @@ EXPECTED = ("expected feat (float [N,F]), label (int [N]), "
 
 
 def load_custom(cfg) -> GraphData:
-    path = _get(cfg, "path")
+    path = config_value(cfg, "path")
     if not path or str(path) == "???":
         raise DatasetError("dataset=custom needs dataset.path=<dgl.save_graphs file or OGB-layout folder>")
     path = osp.abspath(osp.expanduser(str(path)))
-    name = _get(cfg, "name") or "custom"
-    task = _get(cfg, "task", "node")
+    name = config_value(cfg, "name") or "custom"
+    task = config_value(cfg, "task", "node")
     if osp.isdir(path):
         return _load_folder(name, path, task, cfg)
     if not osp.isfile(path):
@@ -74,18 +74,26 @@ def _load_file(name: str, path: str, cfg) -> GraphData:
         if m.shape != (n,) or not (m.dtype == torch.bool or (not m.is_floating_point() and int(m.max()) <= 1)):
             raise DatasetError(f"custom graph {path}: node data '{key}' is {m.dtype} {list(m.shape)}; {EXPECTED}")
         g.ndata[key] = m.bool()
-    if int(g.ndata["train_mask"].sum()) == 0:
-        raise DatasetError(f"custom graph {path}: node data 'train_mask' selects no node; mark training nodes True")
+    _check_masks(g, path)
     g.ndata["label"] = label.long()
     num_classes = _num_classes(cfg, label, path)
     return GraphData(name=name, task="node", graph=g, num_classes=num_classes, metric="acc",
                      evaluate=accuracy_evaluator(), info={"path": path, "source": "custom"})
 
 
+def _check_masks(g, path: str) -> None:
+    """Every split selects at least one node: training needs train_mask, and evaluation (the best
+    model, early stop, the test metric) needs val_mask and test_mask."""
+    for key, what in (("train_mask", "training"), ("val_mask", "validation"), ("test_mask", "test")):
+        if int(g.ndata[key].sum()) == 0:
+            raise DatasetError(f"custom graph {path}: node data '{key}' selects no node; mark "
+                               f"{what} nodes True")
+
+
 def _num_classes(cfg, label: torch.Tensor, path: str) -> int:
     """dataset.num_classes when set (0 = count from the labels); it must cover every label."""
     seen = int(label.max()) + 1 if label.numel() else 1
-    want = int(_get(cfg, "num_classes", 0) or 0)
+    want = int(config_value(cfg, "num_classes", 0) or 0)
     if want and want < seen:
         raise DatasetError(f"custom graph {path}: labels go up to {seen - 1} but dataset.num_classes={want}; "
                            f"set dataset.num_classes={seen} or 0 (count from the labels)")
@@ -107,12 +115,12 @@ def _load_folder(name: str, path: str, task: str, cfg) -> GraphData:
     if task == "link":
         meta = L.link_meta(path, name, splits[0], add_inverse_edge=False)
         _, g, split = L.read_link(name, path, meta)
-        split = _with_negatives(split, g, int(_get(cfg, "seed", 0) or 0), path)
+        split = _with_negatives(split, g, int(config_value(cfg, "seed", 0) or 0), path)
         return GraphData(name=name, task="link", graph=g, num_classes=0, metric="mrr", evaluate=mrr_evaluator(),
                          link_split=split, info={"path": path, "source": "custom"})
     if not osp.isfile(osp.join(raw, "node-label.csv.gz")):
         raise DatasetError(f"custom folder {path}: raw/node-label.csv.gz missing; node classification needs labels")
-    num_classes = int(_get(cfg, "num_classes", 0) or 0)
+    num_classes = int(config_value(cfg, "num_classes", 0) or 0)
     # ogb only uses num_classes as metadata; our own count comes from the labels when not configured
     meta = L.node_meta(path, name, max(num_classes, 1), splits[0], extra_node_files=extra)
     _, g, labels, split = L.read_node(name, path, meta)
@@ -123,6 +131,7 @@ def _load_folder(name: str, path: str, task: str, cfg) -> GraphData:
         raise DatasetError(f"custom folder {path}: raw/node-label.csv.gz has empty/NaN labels; give every node a class id")
     g.ndata["label"] = label.long()
     g.ndata.update(node_masks(g.num_nodes(), split))
+    _check_masks(g, path)
     return GraphData(name=name, task="node", graph=g, num_classes=_num_classes(cfg, label, path),
                      metric="acc", evaluate=accuracy_evaluator(), info={"path": path, "source": "custom"})
 
@@ -137,6 +146,9 @@ def _with_negatives(split, g, seed: int, path: str):
         if part not in split or "source_node" not in split[part] or "target_node" not in split[part]:
             raise DatasetError(f"custom folder {path}: the edge split has no {part} source_node/target_node; "
                                f"give valid and test edges (OGB's split_dict.pt layout)")
+        if len(split[part]["source_node"]) == 0:
+            raise DatasetError(f"custom folder {path}: the edge split's {part} edges are empty; give at "
+                               f"least one {part} edge (OGB's split_dict.pt layout)")
     if all("target_node_neg" in split[p] for p in ("valid", "test")):
         return split
     n = g.num_nodes()

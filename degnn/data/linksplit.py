@@ -1,6 +1,6 @@
 """Held-out edges and their fixed negatives: the link-prediction protocol of every generated graph.
 
-OGB's ogbl-citation2 protocol (reference/tma.md §4.1): each validation and test edge (source,
+OGB's ogbl-citation2 protocol (docs/background.md, "TMA"): each validation and test edge (source,
 target) is ranked against `NUM_NEG` = 1000 negative targets of the same source, metric MRR.
 OGB ships citation2's negatives; for the graphs degnn builds (wordnet-link, synthetic-*-link) and
 for a custom link folder without `target_node_neg`, `sample_negatives` draws them once, seeded,

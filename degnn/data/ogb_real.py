@@ -19,7 +19,7 @@ import urllib.parse
 import pandas as pd
 import torch
 
-from . import DatasetError, GraphData, _get, node_masks, resolve_root
+from . import DatasetError, GraphData, config_value, node_masks, resolve_root
 from . import ogb_layout as L
 from .evaluate import accuracy_evaluator, mrr_evaluator
 
@@ -73,8 +73,8 @@ def _no_prompt_without_terminal():
 
 
 def load_ogb(cfg) -> GraphData:
-    name = str(_get(cfg, "name"))
-    task = _get(cfg, "task", "node")
+    name = str(config_value(cfg, "name"))
+    task = config_value(cfg, "task", "node")
     if name not in SUPPORTED:
         raise DatasetError(f"OGB dataset {name!r} is not supported; use one of {', '.join(SUPPORTED)}")
     if SUPPORTED[name] != task:

@@ -32,7 +32,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from . import DatasetError, GraphData, _get, node_masks, resolve_root
+from . import DatasetError, GraphData, config_value, node_masks, resolve_root
 from . import ogb_layout as L
 from .evaluate import accuracy_evaluator, mrr_evaluator
 from .linksplit import hold_out, link_knobs, undirected
@@ -54,16 +54,17 @@ SPLIT = (0.54, 0.18, 0.28)  # arxiv's train/valid/test proportions
 def _knobs(cfg) -> Dict[str, object]:
     return {
         "v": GEN_VERSION,
-        "num_nodes": int(_get(cfg, "num_nodes", 0)),
-        "num_classes": int(_get(cfg, "num_classes", 0)),
-        "feat_dim": int(_get(cfg, "feat_dim", 128)),
-        "avg_degree": float(_get(cfg, "avg_degree", 7.0)),
-        "homophily": float(_get(cfg, "homophily", 0.5)),
-        "feat_noise": float(_get(cfg, "feat_noise", 1.0)),
-        "seed": int(_get(cfg, "seed", 0)),
+        "num_nodes": int(config_value(cfg, "num_nodes", 0)),
+        "num_classes": int(config_value(cfg, "num_classes", 0)),
+        "feat_dim": int(config_value(cfg, "feat_dim", 128)),
+        "avg_degree": float(config_value(cfg, "avg_degree", 7.0)),
+        "homophily": float(config_value(cfg, "homophily", 0.5)),
+        "feat_noise": float(config_value(cfg, "feat_noise", 1.0)),
+        "seed": int(config_value(cfg, "seed", 0)),
         # the generator's constants too, so tuning them never reads a stale cache
         "consts": [NEIGHBOUR_CLASS_SHARE, MEAN_SCALE, PARETO_SHAPE, LABEL_NOISE, list(SPLIT)],
-        **({"task": "link", "link_split": link_knobs()} if _get(cfg, "task", "node") == "link" else {}),
+        **({"task": "link", "link_split": link_knobs()}
+           if config_value(cfg, "task", "node") == "link" else {}),
     }
 
 
@@ -159,8 +160,8 @@ def dataset_dir(root: str, name: str, k: Dict[str, object]) -> str:
 
 
 def load_synthetic(cfg) -> GraphData:
-    name = _get(cfg, "name")
-    task = _get(cfg, "task", "node")
+    name = config_value(cfg, "name")
+    task = config_value(cfg, "task", "node")
     if task not in ("node", "link"):
         raise DatasetError(f"synthetic dataset {name}: dataset.task={task}; use node or link")
     k = _knobs(cfg)

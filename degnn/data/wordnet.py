@@ -23,7 +23,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from . import DatasetError, GraphData, _get, node_masks, resolve_root
+from . import DatasetError, GraphData, config_value, node_masks, resolve_root
 from . import ogb_layout as L
 from .evaluate import accuracy_evaluator, mrr_evaluator
 from .linksplit import hold_out, link_knobs
@@ -105,9 +105,10 @@ def tfidf_features(docs: List[str], dim: int) -> np.ndarray:
 
 
 def _knobs(cfg) -> Dict[str, object]:
-    k = {"v": WN_VERSION, "task": _get(cfg, "task", "node"), "seed": int(_get(cfg, "seed", 0)),
-         "feat_dim": int(_get(cfg, "feat_dim", 128)) or 128,
-         "wordnet_dir": osp.realpath(str(_get(cfg, "wordnet_dir", "/usr/share/wordnet")))}
+    k = {"v": WN_VERSION, "task": config_value(cfg, "task", "node"),
+         "seed": int(config_value(cfg, "seed", 0)),
+         "feat_dim": int(config_value(cfg, "feat_dim", 128)) or 128,
+         "wordnet_dir": osp.realpath(str(config_value(cfg, "wordnet_dir", "/usr/share/wordnet")))}
     if k["task"] == "link":  # the held-out edges and negatives (node-task caches keep their key)
         k["link_split"] = link_knobs()
     return k
@@ -145,7 +146,7 @@ def _read(name: str, d: str, k: Dict[str, object]):
 
 
 def load_wordnet(cfg) -> GraphData:
-    name = _get(cfg, "name")
+    name = config_value(cfg, "name")
     k = _knobs(cfg)
     if not osp.isdir(k["wordnet_dir"]):
         raise DatasetError(f"WordNet folder {k['wordnet_dir']} missing; install Debian's wordnet-base "

@@ -13,16 +13,22 @@ import os
 import signal
 import sys
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+try:  # torch and DGL take seconds to import: Ctrl-C meanwhile is one line, not a traceback
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig
 
-from degnn.config import CONF_DIR, register_configs
-from degnn.models import check_model_config
-from degnn.pipelines import get_pipeline
+    from degnn.config import CONF_DIR, register_configs
+    from degnn.models import check_model_config
+    from degnn.pipelines import get_pipeline
 
-from .plan import LaunchError
-from .preflight import check_config, check_resume_dir
+    from .plan import LaunchError
+    from .supervisor import STOP_SIGNALS
+    from .preflight import check_config, check_resume_dir, check_run_dir
+except KeyboardInterrupt:
+    print("degnn.launch: error: interrupted while starting; nothing was started", file=sys.stderr,
+          flush=True)
+    sys.exit(130)
 
 register_configs()
 
@@ -73,15 +79,17 @@ def main(cfg: DictConfig) -> None:
         from partitioners import ensure_partitions
     except ImportError as e:
         _fail(f"partitioners.ensure_partitions is not available ({_one_line(e)})")
-    # Ctrl-C during the build: remembered here as well, because a library that catches every
-    # exception (ogb, DGL) may swallow the KeyboardInterrupt and carry on
+    # Ctrl-C, SIGTERM or SIGHUP during the build: remembered here as well, because a library
+    # that catches every exception (ogb, DGL) may swallow the KeyboardInterrupt and carry on;
+    # only the first one raises, so the partitioner's own clean-up is not cut short
     interrupted = []
 
     def on_interrupt(signum, frame):
         interrupted.append(signum)
-        raise KeyboardInterrupt
+        if len(interrupted) == 1:
+            raise KeyboardInterrupt
 
-    old_int = signal.signal(signal.SIGINT, on_interrupt)
+    old = {s: signal.signal(s, on_interrupt) for s in STOP_SIGNALS}
     try:
         part_config = ensure_partitions(cfg.dataset, cfg.partition)
     except KeyboardInterrupt:
@@ -90,26 +98,47 @@ def main(cfg: DictConfig) -> None:
         if not interrupted:
             _fail(_one_line(e))
     finally:
-        signal.signal(signal.SIGINT, old_int)
+        for s, h in old.items():
+            signal.signal(s, h)
     if interrupted:
-        _fail("interrupted while preparing the dataset and partitions; nothing was started", 130)
+        _fail("interrupted while preparing the dataset and partitions; nothing was started",
+              128 + interrupted[0])
     _print_partition_report(part_config)
     try:
         rc = launch(cfg, run_dir, str(part_config), task,
                     entry=os.environ.get("DEGNN_ENTRY") or cfg.cluster.entry)
     except LaunchError as e:
         _fail(str(e))
-    except KeyboardInterrupt:
-        _fail("interrupted; every process and namespace of this run was removed", 130)
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        _fail(f"interrupted by {signal.Signals(signum).name} before the processes started; every "
+              f"namespace of this run was removed, no summary.json written", 128 + signum)
     if rc != 0:
         sys.exit(rc)
 
 
+def _run_dir_args(argv) -> list:
+    """(key, value) of the directories Hydra will create: hydra.run.dir, or hydra.sweep.dir for
+    -m; the defaults (conf/config.yaml) are under ./runs."""
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    given = [a.split("=", 1)[1] for a in argv if a.split("=", 1)[0].lstrip("+~") == key]
+    return [(key, given[-1] if given else "runs")]
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--cleanup"]:  # leftovers of launchers that are gone (degnn/launch/cleanup.py)
-        from .cleanup import main as cleanup_main
-        sys.exit(cleanup_main())
-    # name the job (Hydra would call it "__main__": <run dir>/__main__.log)
-    if not any(a.startswith("hydra.job.name=") for a in sys.argv[1:]):
-        sys.argv.append("hydra.job.name=launch")
-    main()
+    try:
+        if sys.argv[1:2] == ["--cleanup"]:  # leftovers of launchers that are gone (cleanup.py)
+            from .cleanup import main as cleanup_main
+            sys.exit(cleanup_main(sys.argv[2:]))
+        try:
+            for key, value in _run_dir_args(sys.argv[1:]):
+                check_run_dir(value, key)
+        except LaunchError as e:
+            _fail(str(e))
+        # name the job (Hydra would call it "__main__": <run dir>/__main__.log)
+        if not any(a.startswith("hydra.job.name=") for a in sys.argv[1:]):
+            sys.argv.append("hydra.job.name=launch")
+        main()
+    except KeyboardInterrupt:  # before the launcher's own handlers (Hydra composing the config)
+        _fail("interrupted while starting; nothing was started", 130)

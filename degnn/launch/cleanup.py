@@ -8,21 +8,27 @@ A launcher killed with SIGKILL runs no clean-up of its own. Its processes and ho
   - non-isolated cluster=local runs: the registration `/dev/shm/degnn-local-<pid>` and DGL's
     shared-memory files in the host's /dev/shm (degnn/launch/isolate.py);
   - any process that still carries a dead launcher's pid (DEGNN_LAUNCHER_PID for servers and
-    trainers, DEGNN_HOLDER_OF for holders), e.g. one whose parent-death signal was lost.
+    trainers, DEGNN_HOLDER_OF for holders), e.g. one whose parent-death signal was lost;
+  - partition folders a killed writer left half-written:
+    `<partition.root>/<dataset>/.<name>.tmp-<pid>-<hex>` (and `.<name>.old-<pid>-<hex>`,
+    partitioners/api.py), whose writing process `<pid>` is gone.
 Only state of launchers whose pid no longer exists is touched; live runs are left alone.
+`--cleanup` looks in `partition.root=DIR` when given, else `$DEGNN_PARTITIONS` or `./partitions`
+(the default partition.root).
 """
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import List
+from typing import List, Sequence
 
 from degnn.proc import environ_of, pid_alive
 
-from .isolate import HOLDER_ENV, SHM, registered
+from .registry import HOLDER_ENV, SHM, registered
 
 LAUNCHER_ENV = "DEGNN_LAUNCHER_PID"
 
@@ -109,7 +115,39 @@ def kill_orphans() -> List[str]:
     return out
 
 
-def cleanup_all() -> List[str]:
+_PART_TEMP = re.compile(r"^\..+\.(tmp|old)-(\d+)-[0-9a-f]+$")
+
+
+def default_partition_root() -> str:
+    return os.environ.get("DEGNN_PARTITIONS") or "partitions"
+
+
+def remove_dead_partition_temps(roots: Sequence[str]) -> List[str]:
+    """Half-written partition folders (`<root>/<dataset>/.<name>.tmp-<pid>-<hex>`) whose writer
+    is gone; a live writer's are left alone."""
+    removed = []
+    for root in roots:
+        try:
+            datasets = [d for d in Path(str(root)).expanduser().iterdir() if d.is_dir()]
+        except OSError:
+            continue
+        for d in datasets:
+            try:
+                entries = list(d.iterdir())
+            except OSError:
+                continue
+            for p in entries:
+                m = _PART_TEMP.match(p.name)
+                if not m or not p.is_dir() or pid_alive(int(m.group(2))):
+                    continue
+                shutil.rmtree(p, ignore_errors=True)
+                if not p.exists():
+                    removed.append(f"partition folder {p} (half written by process {m.group(2)}, "
+                                   f"which is gone)")
+    return removed
+
+
+def cleanup_all(partition_roots: Sequence[str] = ()) -> List[str]:
     """Everything of dead launchers, netns first (its processes die with the namespaces)."""
     removed: List[str] = []
     if os.geteuid() == 0 and shutil.which("ip"):
@@ -118,11 +156,18 @@ def cleanup_all() -> List[str]:
         removed += [f"netns/link {n}" for n in cleanup_stale()]
     removed += kill_orphans()
     removed += [f"file {f}" for f in remove_dead_local_runs()]
+    removed += remove_dead_partition_temps(partition_roots)
     return removed
 
 
-def main() -> int:
-    removed = cleanup_all()
+def main(argv: Sequence[str] = ()) -> int:
+    roots = [a.split("=", 1)[1] for a in argv if a.startswith("partition.root=")]
+    other = [a for a in argv if not a.startswith("partition.root=")]
+    if other:
+        print(f"degnn.launch: error: --cleanup takes only partition.root=DIR, got {' '.join(other)}",
+              file=sys.stderr, flush=True)
+        return 2
+    removed = cleanup_all(partition_roots=roots or [default_partition_root()])
     for r in removed:
         print(f"degnn.launch: removed {r}", flush=True)
     if not removed:
@@ -132,4 +177,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

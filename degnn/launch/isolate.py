@@ -18,32 +18,18 @@ import json
 import os
 import select
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
 from typing import List, Optional
 
-from degnn.proc import pid_alive
+from degnn.proc import die_with_parent, pid_alive
 
 from .plan import LaunchError
-
-SHM = "/dev/shm"
-REGISTRY_PREFIX = "degnn-local-"
-# environment mark of holder processes: the launcher they belong to (cleanup finds orphans by it)
-HOLDER_ENV = "DEGNN_HOLDER_OF"
+from .registry import HOLDER_ENV, REGISTRY_PREFIX, SHM, registered, registry_path
 
 
 def can_isolate() -> bool:
     return os.geteuid() == 0 and all(shutil.which(t) for t in ("unshare", "nsenter", "ip"))
-
-
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
 
 
 def start_holder(argv_prefix: List[str], script: str, what: str) -> subprocess.Popen:
@@ -53,7 +39,7 @@ def start_holder(argv_prefix: List[str], script: str, what: str) -> subprocess.P
     launcher leaves no holder and no tmpfs behind."""
     p = subprocess.Popen([*argv_prefix, "sh", "-c", f"{script} && echo ready && exec sleep infinity"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                         start_new_session=True, preexec_fn=_die_with_parent,
+                         start_new_session=True, preexec_fn=die_with_parent,
                          env={**os.environ, HOLDER_ENV: str(os.getpid())})
     ready, _, _ = select.select([p.stdout], [], [], 10)
     line = p.stdout.readline() if ready else b""
@@ -93,40 +79,12 @@ class PrivateMachine:
 
 
 # ---- without isolation: one local run per host /dev/shm ------------------------------------------
-def _registry(pid: int) -> Path:
-    return Path(SHM, f"{REGISTRY_PREFIX}{pid}")
-
-
-def registered() -> List[dict]:
-    out = []
-    try:
-        names = os.listdir(SHM)
-    except OSError:
-        return out
-    for name in names:
-        if not name.startswith(REGISTRY_PREFIX):
-            continue
-        try:
-            pid = int(name[len(REGISTRY_PREFIX):])
-        except ValueError:
-            continue
-        path = Path(SHM, name)
-        try:
-            info = json.loads(path.read_text())
-            info["started"] = path.stat().st_mtime
-        except (OSError, ValueError):
-            info = {"started": time.time()}
-        info["pid"], info["path"] = pid, str(path)
-        out.append(info)
-    return out
-
-
 class SharedShmLock:
     """Registration of a non-isolated local run; refuses while another live one is registered."""
 
     def __init__(self, run_dir: str, graph_name: Optional[str]):
         self.run_dir, self.graph_name = run_dir, graph_name
-        self.path = _registry(os.getpid())
+        self.path = registry_path(os.getpid())
 
     def __enter__(self) -> "SharedShmLock":
         from .cleanup import remove_dead_local_runs

@@ -8,25 +8,25 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from .netns import NetnsCluster
-from degnn.metrics import progress_of, result_line
+from degnn.metrics import progress_of, result_line, write_json_atomic
+from degnn.runtime.cluster import machines_of
 
 from .plan import (DEFAULT_ENTRY, LaunchError, Plan, absolute_overrides, build_plan, entry_argv,
                    read_part_config)
 from .cleanup import cleanup_all
 from .isolate import PrivateMachine, SharedShmLock, can_isolate
 from .preflight import check_config
-from .supervisor import Supervisor
+from .faults import disk_note
+from .supervisor import Signals, Supervisor
 from . import ssh
 
 
@@ -37,7 +37,11 @@ _log_path: Optional[str] = None
 
 def say(msg: str) -> None:
     line = f"degnn.launch: {msg}"
-    print(line, file=sys.stderr, flush=True)
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError, RuntimeError):
+        # the terminal is gone (SIGHUP), or a signal's line interrupted another: launch.log has it
+        pass
     if _log_path:
         try:
             with open(_log_path, "a") as f:
@@ -63,21 +67,6 @@ def check_ports_free(host: str, ports: Sequence[int]) -> None:
                 raise LaunchError(
                     f"port {port} on {host} is in use ({e.strerror}): a server left from an earlier "
                     f"run? stop it or pick another cluster.port")
-
-
-def machines_of(cluster) -> List[Tuple[str, int]]:
-    """(ip, first server port) of every machine."""
-    kind = cluster.kind
-    if kind == "local":
-        if cluster.machines != 1:
-            raise LaunchError(f"cluster=local runs one machine, got cluster.machines="
-                              f"{cluster.machines}; use cluster=netns for several machines")
-        return [("127.0.0.1", cluster.port)]
-    if kind == "netns":
-        return [(f"{cluster.subnet}.{i + 1}", cluster.port) for i in range(cluster.machines)]
-    if kind == "ssh":
-        return ssh.read_ip_config(cluster.ip_config, cluster.port)
-    raise LaunchError(f"cluster.kind={kind!r}: expected local, netns or ssh")
 
 
 def make_plan(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str],
@@ -138,8 +127,20 @@ def finalize_summary(run_dir: str, start: Optional[List[Tuple[int, int]]],
         for k in ("net_bytes_total", "net_bytes_per_batch", "net_tx_bytes_per_machine",
                   "net_rx_bytes_per_machine"):
             summary.setdefault(k, None)
-    path.write_text(json.dumps(summary, indent=2) + "\n")
+    if not write_summary_file(path, summary, "rank 0's summary stays as it was, without them"):
+        return None
     return summary
+
+
+def write_summary_file(path: Path, summary: dict, otherwise: str) -> bool:
+    """summary.json in one piece (a temporary file renamed into place: never empty or half
+    written); False, with one line naming the problem, where it cannot be written."""
+    try:
+        write_json_atomic(path, summary)
+        return True
+    except OSError as e:
+        say(f"{path} not written ({e.strerror or e}){disk_note(str(path.parent))}; {otherwise}")
+        return False
 
 
 def write_failure(run_dir: str, cfg, message: str, failed=None, machines=None,
@@ -166,7 +167,8 @@ def write_failure(run_dir: str, cfg, message: str, failed=None, machines=None,
     if failed is not None:
         summary["failed_process"] = {"role": failed.role, "index": failed.index,
                                      "machine": failed.machine, "log": failed.log}
-    path.write_text(json.dumps(summary, indent=2) + "\n")
+    write_summary_file(path, summary, "the run's status is in this output and launch.log; "
+                                      "curve.jsonl and checkpoints already written are kept")
     return summary
 
 
@@ -195,26 +197,30 @@ def launch(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str],
     if cl.kind == "local" and not isolated(cl):  # a private machine has ports of its own
         check_ports_free(plan.machines[0][0],
                          [plan.machines[0][1] + j for j in range(cl.servers_per_machine)])
-    for what in cleanup_all():  # leftovers of launchers that are gone (SIGKILLed)
+    # leftovers of launchers that are gone (SIGKILLed), their half-written partitions included
+    for what in cleanup_all(partition_roots=[cfg.partition.root]):
         say(f"removed {what}")
-    os.makedirs(run_dir, exist_ok=True)
-    # a summary left by an earlier run in this directory (resume into it) must not be merged
-    # into this run's failure summary
-    Path(run_dir, "summary.json").unlink(missing_ok=True)
-    shutil.rmtree(os.path.join(run_dir, "heartbeat"), ignore_errors=True)  # an earlier run's
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        # a summary left by an earlier run in this directory (resume into it) must not be merged
+        # into this run's failure summary
+        Path(run_dir, "summary.json").unlink(missing_ok=True)
+        shutil.rmtree(os.path.join(run_dir, "heartbeat"), ignore_errors=True)  # an earlier run's
+        plan.write_ip_config()
+    except OSError as e:
+        raise LaunchError(f"hydra.run.dir={run_dir}: cannot write the run directory "
+                          f"({e.strerror or e}){disk_note(run_dir)}") from None
     global _log_path
     _log_path = os.path.join(run_dir, "launch.log")
-    # SIGTERM anywhere (also while the machines are built or torn down) unwinds like Ctrl-C, so
-    # the clean-up in finally/with blocks runs; the supervisor handles both itself while it runs
-    old_term = None
-    if threading.current_thread() is threading.main_thread():
-        old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    # SIGINT, SIGTERM, SIGHUP anywhere (also while the machines are built or torn down) unwind
+    # like Ctrl-C, so the clean-up in finally/with blocks runs; later ones do not cut it short
+    signals = Signals(say).install()
     try:
-        return _run(cfg, plan, run_dir, out)
+        rc = _run(cfg, plan, run_dir, out, signals)
+        return signals.returncode or rc
     finally:
         _log_path = None
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
+        signals.restore()
 
 
 def isolated(cluster) -> bool:
@@ -235,13 +241,8 @@ def _graph_name(plan: Plan) -> Optional[str]:
         return None
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-def _run(cfg, plan: Plan, run_dir: str, out) -> int:
+def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
     cl = cfg.cluster
-    plan.write_ip_config()
     cwd = os.getcwd()
     with ExitStack() as stack:
         command: Callable = lambda p: p.argv
@@ -249,8 +250,11 @@ def _run(cfg, plan: Plan, run_dir: str, out) -> int:
         counters = None
         if cl.kind == "netns":
             net = NetnsCluster(len(plan.machines), cl.subnet, cl.bandwidth)
+            up = lambda: [f"netns machines {', '.join(net.ns)} and bridge {net.bridge}"]
+            signals.leftovers.append(up)
             # registered first, so it runs after the cluster is down (last in, first out)
             stack.callback(lambda: say(f"netns cluster removed in {net.teardown_s:.2f}s"))
+            stack.callback(signals.leftovers.remove, up)
             stack.enter_context(net)
             say(f"netns cluster of {net.k} machines up in {net.setup_s:.2f}s: "
                 + ", ".join(f"{n}={ip}" for n, ip in zip(net.ns, net.ips))
@@ -284,7 +288,10 @@ def _run(cfg, plan: Plan, run_dir: str, out) -> int:
         sup = Supervisor(plan, command=command, on_stop=on_stop, cwd=cwd,
                          stop_grace_s=cl.stop_grace_s, hang_timeout_s=cl.hang_timeout_s,
                          console=getattr(out, "buffer", None), say=say,
-                         tolerate_trainer_faults=tolerates_trainer_faults(cfg.pipeline.name))
+                         tolerate_trainer_faults=tolerates_trainer_faults(cfg.pipeline.name),
+                         signals=signals)
+        signals.leftovers.append(lambda: [f"processes {', '.join(sup.left_running())}"]
+                                 if sup.left_running() else [])
         say(f"{len(plan.procs)} processes ({len(plan.servers())} servers, "
             f"{len(plan.trainers())} trainers); logs in {run_dir}")
         outcome = sup.run()
@@ -294,8 +301,8 @@ def _run(cfg, plan: Plan, run_dir: str, out) -> int:
     if not outcome.ok:
         failure = write_failure(run_dir, cfg, outcome.message, outcome.failed, len(plan.machines),
                                 len(plan.trainers()))
-        if failure["error"] != outcome.message:
-            say(f"run failed: {failure['error']}")
+        # the fault is the last line: what the stopped processes and the clean-up said is above
+        say(f"run failed: {failure['error']}")
         return outcome.returncode if outcome.returncode and outcome.returncode > 0 else 1
     summary = finalize_summary(run_dir, start, end,
                                dead_trainers=[p.index for p in outcome.dead_trainers])

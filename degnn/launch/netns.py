@@ -25,9 +25,9 @@ import tempfile
 import time
 from typing import List, Optional, Tuple
 
-from degnn.proc import pid_alive
+from degnn.proc import die_with_parent, pid_alive
 
-from .isolate import HOLDER_ENV, _die_with_parent
+from .registry import HOLDER_ENV
 from .plan import LaunchError
 
 PREFIX = "degnn"
@@ -201,7 +201,7 @@ class NetnsCluster:
                               "--propagation", "private", "sh", "-c", script],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              stdin=subprocess.DEVNULL, start_new_session=True,
-                             preexec_fn=_die_with_parent, env={**os.environ, HOLDER_ENV: str(os.getpid())})
+                             preexec_fn=die_with_parent, env={**os.environ, HOLDER_ENV: str(os.getpid())})
         ready, _, _ = select.select([p.stdout], [], [], 10)
         line = p.stdout.readline() if ready else b""
         if line.strip() != b"ready":

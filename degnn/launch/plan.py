@@ -4,7 +4,7 @@ A `Plan` lists every process of a cluster (servers and trainers on every machine
 command line and the environment variables the launcher adds. It starts nothing, so the unit
 tests, `cluster.dry_run=true` and the ssh mode all read the same plan.
 
-The environment follows DGL's tools/launch.py (see reference/dgl-ecosystem.md section 1.3), except
+The environment follows DGL's tools/launch.py (docs/background.md, "DGL, OGB and Hydra facts"), except
 that trainers get torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, ...) directly from the
 launcher: there is no torchrun process in between, and no `--local-rank` argument for Hydra to reject.
 """
@@ -17,6 +17,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from degnn.runtime.cluster import LaunchError  # noqa: F401  (launch code imports it from here)
 
 # the per-process entry (`python3 -m degnn.train <overrides>`)
 DEFAULT_ENTRY = "degnn.train"
@@ -32,10 +34,6 @@ MANAGED_KEYS = (
 
 # the repository root (parent of the degnn package): on PYTHONPATH so `-m degnn.train` resolves
 REPO_ROOT = str(Path(__file__).resolve().parents[2])
-
-
-class LaunchError(RuntimeError):
-    """Something that stops a launch before or while it runs; the message is one line."""
 
 
 @dataclass

@@ -1,12 +1,17 @@
 """Checks that run before anything is partitioned or started: each failure is one line that names
 the config key the user set (or the file) and the fix.
 
-`check_config(cfg)`: the numbers (train.*, cluster counts, bandwidth, timeouts).
+`check_config(cfg)`: keys the schema does not have, the numbers (train.*, cluster counts,
+bandwidth, timeouts), the model's layers and fan-outs, the netns subnet.
 `check_resume_dir(cfg, trainers)`: `resume=` (directory, checkpoint, matching config).
+`check_run_dir(path, key)`: the run directory can be created and written (before Hydra does).
 """
 from __future__ import annotations
 
+import errno
+import ipaddress
 import math
+import os
 
 from .plan import LaunchError
 
@@ -33,7 +38,15 @@ def _value(cfg, key: str):
 
 
 def check_config(cfg) -> None:
-    """The numbers of a launch, before partitioning (one LaunchError naming the key)."""
+    """The keys and numbers of a launch, before partitioning (one LaunchError naming the key)."""
+    from degnn.config import unknown_keys
+
+    extra = unknown_keys(cfg)
+    if extra:
+        key, known = extra[0]
+        where = key.rsplit(".", 1)[0] if "." in key else "the top level"
+        raise LaunchError(f"+{key}: the config has no such key; remove it or fix its spelling "
+                          f"({where} has {', '.join(known)})")
     _int_at_least(cfg, "train.epochs", 1, " (the number of epochs to train)")
     _int_at_least(cfg, "train.batch_size", 1)
     _int_at_least(cfg, "train.eval_batch_size", 1)
@@ -49,6 +62,7 @@ def check_config(cfg) -> None:
     dropout = cfg.model.dropout
     if not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
         raise LaunchError(f"model.dropout={dropout}: must be in [0, 1)")
+    check_fanouts(cfg.model)
     cl = cfg.cluster
     if cl.get("fault_timeout_s") is not None:
         raise LaunchError("cluster.fault_timeout_s was renamed: it is the grace period between "
@@ -72,6 +86,61 @@ def check_config(cfg) -> None:
 
         if parse_rate(str(cl.bandwidth)) <= 0:
             raise LaunchError(f"cluster.bandwidth={cl.bandwidth}: must be a positive rate")
+    if cl.kind == "netns":
+        check_subnet(str(cl.subnet))
+
+
+def check_fanouts(model) -> None:
+    """model.layers >= 1 and each fan-out >= 1 or -1 (every neighbour): DGL's sampler aborts in
+    C++ (std::bad_alloc) on -2, and 0 trains on no neighbours at all. (One fan-out per layer is
+    degnn.models.check_model_config's, whose suggested fix needs layers >= 1.)"""
+    layers = model.layers
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+        raise LaunchError(f"model.layers={layers}: must be an integer >= 1 (the number of GNN layers)")
+    fanouts = list(model.fanouts)
+    bad = [f for f in fanouts if not isinstance(f, int) or isinstance(f, bool) or not (f >= 1 or f == -1)]
+    if bad:
+        raise LaunchError(f"model.fanouts=[{','.join(map(str, fanouts))}]: each fan-out must be an "
+                          f"integer >= 1 (or -1: every neighbour), got {bad[0]}")
+
+
+def check_subnet(subnet: str) -> None:
+    """cluster.subnet: the first three numbers of a /24 (`10.77.0`), for the netns bridge."""
+    try:
+        ok = len(subnet.split(".")) == 3 and ipaddress.ip_network(f"{subnet}.0/24").version == 4
+    except ValueError:
+        ok = False
+    if not ok:
+        raise LaunchError(f"cluster.subnet={subnet}: must be the first three numbers of a private "
+                          f"/24 for the netns machines, e.g. cluster.subnet=10.77.0")
+
+
+def check_run_dir(path: str, key: str = "hydra.run.dir") -> None:
+    """The run directory (or the folder it will be made in) can be created and written: Hydra
+    itself would end in a traceback on /proc, an existing file or a read-only mount."""
+    if "${" in path:  # an interpolation only Hydra resolves
+        return
+    full = os.path.abspath(os.path.expanduser(path))
+    probe = None
+    try:
+        if os.path.exists(full) and not os.path.isdir(full):
+            raise LaunchError(f"{key}={path}: is an existing file, not a directory; pick another "
+                              f"{key}")
+        os.makedirs(full, exist_ok=True)
+        probe = os.path.join(full, f".degnn-write-test-{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok\n")
+    except OSError as e:
+        why = {errno.EROFS: "read-only file system", errno.ENOSPC: "no space left on the device",
+               errno.EACCES: "permission denied", errno.EPERM: "not permitted"}.get(e.errno, e.strerror)
+        raise LaunchError(f"{key}={path}: cannot create or write the run directory ({why}); pick a "
+                          f"writable directory, e.g. {key}=runs/<name>") from None
+    finally:
+        if probe is not None:
+            try:
+                os.unlink(probe)
+            except OSError:
+                pass
 
 
 def check_resume_dir(cfg, trainers: int) -> None:

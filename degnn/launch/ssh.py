@@ -22,30 +22,9 @@ import os
 import shlex
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from degnn.runtime.cluster import read_ip_config  # noqa: F401  (ssh.read_ip_config)
+
 from .plan import LaunchError, Proc
-
-
-def read_ip_config(path: Optional[str], default_port: int) -> List[Tuple[str, int]]:
-    """`IP [port]` per line (blank lines and # comments skipped) -> [(ip, port)]."""
-    if not path:
-        raise LaunchError("cluster=ssh needs cluster.ip_config=<file with one `IP [port]` line "
-                          "per machine>")
-    try:
-        text = open(path).read()
-    except OSError as e:
-        raise LaunchError(f"cannot read cluster.ip_config {path}: {e.strerror}")
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        parts = line.split()
-        if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
-            raise LaunchError(f"{path}:{n}: expected `IP [port]`, got {line!r}")
-        out.append((parts[0], int(parts[1]) if len(parts) == 2 else default_port))
-    if not out:
-        raise LaunchError(f"cluster.ip_config {path} lists no machine")
-    return out
 
 
 def ssh_base(host: str, port: int = 22, user: Optional[str] = None) -> List[str]:

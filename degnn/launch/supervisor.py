@@ -28,16 +28,86 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, IO, List, Optional
 
+from degnn.proc import die_with_parent
+
+from .faults import disk_note, first_error, is_banner, oom_counts, oom_note
 from .hang import HangWatch, process_state
 from .plan import Plan, Proc, child_env
 
 
-class Interrupted(Exception):
-    """SIGINT/SIGTERM to the launcher."""
+# what stops a run: Ctrl-C, `kill`, and a closed terminal or ssh session
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP to the launcher (a KeyboardInterrupt, so every `finally` runs)."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+class Signals:
+    """How the launcher answers SIGINT, SIGTERM and SIGHUP (docs/design.md, "Fault policy").
+
+    The first one stops the run: `Interrupted` is raised wherever the launcher is, so every
+    clean-up runs, and from then on (as during any stop) the launcher is `stopping`: a second
+    signal is answered with a line and otherwise ignored, so the clean-up finishes; a third leaves
+    at once (exit 128 + the first signal), saying what it leaves behind (the processes die with
+    the launcher; namespaces and files are removed by the next launch or `--cleanup`).
+    `leftovers` are callables that describe what is still up."""
+
+    def __init__(self, say: Callable[[str], None]):
+        self.say = say
+        self.count = 0
+        self.first: Optional[int] = None
+        self.stopping = False
+        self.leftovers: List[Callable[[], List[str]]] = []
+        self._old: dict = {}
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return None if self.first is None else 128 + self.first
+
+    def install(self) -> "Signals":
+        if threading.current_thread() is threading.main_thread():
+            for s in STOP_SIGNALS:
+                self._old[s] = signal.signal(s, self._on_signal)
+        return self
+
+    def restore(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+        self._old = {}
+
+    def _on_signal(self, signum, frame):
+        self.count += 1
+        name = signal.Signals(signum).name
+        if self.first is None:
+            self.first = signum
+        if not self.stopping:
+            self.stopping = True
+            raise Interrupted(signum)
+        if self.count < 3:
+            more = "twice more" if self.count == 1 else "once more"
+            self.say(f"{name} received while stopping: the clean-up goes on (it is bounded by "
+                     f"cluster.stop_grace_s); send it {more} to leave at once without it")
+            return
+        left = []
+        for describe in self.leftovers:
+            try:
+                left += describe()
+            except Exception:  # noqa: BLE001 - leaving must not fail
+                pass
+        self.say(f"{name} received {self.count} times: leaving without finishing the clean-up; "
+                 f"left: {'; '.join(left) or 'nothing known'}; the processes die with the launcher, "
+                 f"`python -m degnn.launch --cleanup` (or the next launch) removes the rest")
+        try:
+            sys.stderr.flush()
+            sys.stdout.flush()
+        except (OSError, ValueError):
+            pass
+        os._exit(128 + self.first)
 
 
 @dataclass
@@ -65,37 +135,37 @@ class Outcome:
     dead_trainers: List[Proc] = field(default_factory=list)
 
 
-def describe_rc(rc: int) -> str:
+def describe_rc(rc: int, oom: Optional[str] = None) -> str:
+    """`oom`: what the kernel's record says about an out-of-memory kill (faults.oom_note)."""
     if rc < 0:
         try:
-            return f"was killed by {signal.Signals(-rc).name}"
+            name = signal.Signals(-rc).name
         except ValueError:
-            return f"was killed by signal {-rc}"
+            name = f"signal {-rc}"
+        return f"was killed by {name}{f' ({oom})' if oom and -rc == signal.SIGKILL else ''}"
     return f"exited with code {rc}"
 
 
-def _tail(path: str, n: int = 3) -> List[str]:
+def _log_lines(path: str, tail_bytes: Optional[int] = None) -> List[str]:
     try:
         with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 4096))
-            text = f.read().decode(errors="replace").replace("\r", "\n")
+            if tail_bytes is not None:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - tail_bytes))
+            text = f.read(4 << 20).decode(errors="replace").replace("\r", "\n")
     except OSError:
         return []
-    return [l for l in text.splitlines() if l.strip()][-n:]
+    return [l for l in text.splitlines() if l.strip()]
 
 
-def _die_with_parent() -> None:
-    # runs in the child between fork and exec: if the launcher is SIGKILLed (no handler runs),
-    # the kernel kills its processes too. Kept across exec for non-setuid programs (nsenter, ssh).
-    try:
-        import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except Exception:
-        pass
+def _tail(path: str, n: int = 3) -> List[str]:
+    """The last lines of a log, without a library's exit banner (faults.is_banner)."""
+    return [l for l in _log_lines(path, 4096) if not is_banner(l)][-n:]
 
 
-def _copy(src: IO[bytes], log: IO[bytes], console: IO[bytes]) -> None:
+def _copy(src: IO[bytes], log: IO[bytes], console: IO[bytes], muted: threading.Event) -> None:
+    """Rank 0's output to its log and, until the run is being stopped, to the console (what the
+    stopped peers say after a fault would bury the launcher's fault line)."""
     fd = src.fileno()
     while True:
         try:
@@ -104,8 +174,13 @@ def _copy(src: IO[bytes], log: IO[bytes], console: IO[bytes]) -> None:
             break
         if not chunk:
             break
-        log.write(chunk)
-        log.flush()
+        try:
+            log.write(chunk)
+            log.flush()
+        except OSError:  # a full disk: the console still gets it
+            pass
+        if muted.is_set():
+            continue
         try:
             console.write(chunk)
             console.flush()
@@ -119,8 +194,11 @@ class Supervisor:
                  stop_grace_s: float = 5.0, poll_s: float = 0.5, hang_timeout_s: float = 0,
                  server_grace_s: float = 30, console: Optional[IO[bytes]] = None,
                  tee_rank: Optional[int] = 0, say: Callable[[str], None] = None,
-                 tolerate_trainer_faults: bool = False):
+                 tolerate_trainer_faults: bool = False, signals: Optional[Signals] = None):
         self.plan = plan
+        # the launcher's signal policy (installed by it); None: run() installs one of its own
+        self.signals = signals
+        self.muted = threading.Event()  # set once the run is being stopped (see _copy)
         self.tolerate_trainer_faults = tolerate_trainer_faults
         # how a process is started on its machine (nsenter/ssh wrapped around proc.argv)
         self.command = command
@@ -146,12 +224,12 @@ class Supervisor:
             self.command(proc), env=child_env({**proc.env, "DEGNN_LAUNCHER_PID": str(os.getpid())}),
             cwd=self.cwd,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if tee else log,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
         r = Running(proc, popen, log)
         if tee:
             # started by run() once every process is forked (no fork while a thread runs)
-            r.tee = threading.Thread(target=_copy, args=(popen.stdout, log, self.console),
-                                     daemon=True)
+            r.tee = threading.Thread(target=_copy, args=(popen.stdout, log, self.console,
+                                                         self.muted), daemon=True)
         return r
 
     # ---- stopping ---------------------------------------------------------------------------
@@ -184,19 +262,17 @@ class Supervisor:
                 pass
             if r.tee is not None and r.tee.is_alive():
                 r.tee.join(timeout=5)
-            r.log.close()
+            try:
+                r.log.close()
+            except OSError:  # what is buffered for a log on a full disk is lost, nothing else
+                pass
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self) -> Outcome:
         """Start the plan, supervise it, and return with nothing of it running."""
-        handlers = {}
-
-        def on_signal(signum, frame):
-            raise Interrupted(signum)
-
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                handlers[s] = signal.signal(s, on_signal)
+        own = self.signals is None
+        signals = Signals(self.say).install() if own else self.signals
+        self._oom0 = oom_counts()
         t0 = time.monotonic()
         out = Outcome(ok=False)
         grace = self.stop_grace_s
@@ -210,21 +286,31 @@ class Supervisor:
             out.started_s = time.monotonic() - t0
             out = self._watch(out)
         except Interrupted as e:
+            self.muted.set()
             out.message = f"interrupted by {e}; stopping every process"
             out.returncode = 128 + e.signum
             self.say(out.message)
         finally:
+            # from here on a signal does not cut the clean-up short (Signals; it is bounded:
+            # grace + SIGKILL)
+            signals.stopping = True
+            self.muted.set()
             t_stop = time.monotonic()
-            # a second Ctrl-C must not cut the clean-up short (it is bounded: grace + SIGKILL)
-            for s in handlers:
-                signal.signal(s, signal.SIG_IGN)
             try:
                 self.stop_all(grace)
             finally:
-                for s, h in handlers.items():
-                    signal.signal(s, h)
+                if own:
+                    signals.restore()
             out.stop_s += time.monotonic() - t_stop
         return out
+
+    def describe(self, r: Running, rc: int) -> str:
+        """How a process ended, with the kernel's word where it killed it for memory."""
+        oom = oom_note(r.popen.pid, self._oom0) if rc == -signal.SIGKILL else None
+        return describe_rc(rc, oom)
+
+    def left_running(self) -> List[str]:
+        return [f"{r.proc.name} pid {r.popen.pid}" for r in self.running if r.popen.poll() is None]
 
     def _watch(self, out: Outcome) -> Outcome:
         trainers = [r for r in self.running if r.proc.role == "trainer"]
@@ -241,14 +327,15 @@ class Supervisor:
                         # training is complete; a server failing on its way out loses nothing
                         if r.proc.name not in warned:
                             warned.add(r.proc.name)
-                            self.say(f"{r.proc.describe()} {describe_rc(rc)} after the trainers "
+                            self.say(f"{r.proc.describe()} {self.describe(r, rc)} after the trainers "
                                      f"finished; log: {r.proc.log}")
                         continue
                     if self.tolerate_trainer_faults and r.proc.role == "trainer":
                         if r.proc not in out.dead_trainers:
                             out.dead_trainers.append(r.proc)
-                            self.say(f"{r.proc.describe()} pid {r.popen.pid} {describe_rc(rc)}; "
-                                     f"log: {r.proc.log}; the other trainers go on without it "
+                            self.say(f"{r.proc.describe()} pid {r.popen.pid} {self.describe(r, rc)}"
+                                     f"{_error_of(r.proc.log)}; log: {r.proc.log}; the other "
+                                     f"trainers go on without it "
                                      f"(this pipeline tolerates trainer faults)")
                         if len(out.dead_trainers) < len(trainers):
                             continue
@@ -311,24 +398,33 @@ class Supervisor:
                  f"the other trainers go on without it")
 
     def _hung(self, out: Outcome, r: Running, age: float) -> Outcome:
+        self.muted.set()
         p = r.proc
         state = process_state(r.popen.pid)
         out.failed, out.returncode = p, None
         out.message = (f"{p.describe()} pid {r.popen.pid} made no progress for {age:.0f}s "
                        f"(cluster.hang_timeout_s={self.hang_timeout_s:g}"
-                       f"{', process ' + state if state else ''}); log: {p.log}; "
-                       f"stopping every process")
+                       f"{', process ' + state if state else ''}); log: {p.log}"
+                       f"{disk_note(os.path.dirname(p.log))}; stopping every process")
         self.say(out.message)
         for line in _tail(p.log):
             self.say(f"  {p.name}| {line}")
         return out
 
     def _fault(self, out: Outcome, r: Running, rc: int) -> Outcome:
+        self.muted.set()
         p = r.proc
         out.failed, out.returncode = p, rc
-        out.message = (f"{p.describe()} pid {r.popen.pid} {describe_rc(rc)}; "
-                       f"log: {p.log}; stopping every other process")
+        out.message = (f"{p.describe()} pid {r.popen.pid} {self.describe(r, rc)}"
+                       f"{_error_of(p.log)}; log: {p.log}{disk_note(os.path.dirname(p.log))}; "
+                       f"stopping every other process")
         self.say(out.message)
         for line in _tail(p.log):
             self.say(f"  {p.name}| {line}")
         return out
+
+
+def _error_of(log: str) -> str:
+    """`: <the log's first error line>` (faults.first_error), or nothing."""
+    err = first_error(_log_lines(log))
+    return f": {err}" if err else ""

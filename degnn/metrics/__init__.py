@@ -175,29 +175,45 @@ def progress_of(run_dir: Path) -> dict:
     """What curve.jsonl says a run got done: the summary keys of a run that stopped early.
 
     `epochs` counts finished epochs (a diverged epoch is logged but not finished); best_val and
-    test are taken at the best validation point, as the pipelines do."""
+    test are taken at the best validation point, as the pipelines do. A curve of rounds
+    (pipeline=tma: each line has `round`, and `epoch` is the local epochs then) counts rounds, as
+    a finished TMA run's summary does."""
     try:
         curve = read_curve(run_dir)
     except (OSError, ValueError):
         return {}
-    done = [r for r in curve if not r.get("diverged") and "epoch" in r]
+    key = "round" if any("round" in r for r in curve) else "epoch"
+    done = [r for r in curve if not r.get("diverged") and key in r]
     if not done:
         return {}
     evals = [r for r in done if r.get("val") is not None]
-    out = {"epochs": done[-1]["epoch"], "train_time_s": done[-1].get("train_time_s"),
+    out = {"epochs": done[-1][key], "train_time_s": done[-1].get("train_time_s"),
            "wall_s": done[-1].get("wall_s")}
     if evals:
         best = max(evals, key=lambda r: r["val"])  # the first of equal values
-        out.update(best_val=best["val"], test=best.get("test"), best_epoch=best["epoch"],
+        out.update(best_val=best["val"], test=best.get("test"), best_epoch=best[key],
                    test_final=evals[-1].get("test"))
     return out
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
+    """Strict JSON written to a temporary sibling and renamed into place: `path` is never empty or
+    half written (a full disk raises OSError and leaves `path` as it was)."""
     path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(finite_or_none(data), indent=2, sort_keys=True, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(finite_or_none(data), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
 
 
 def read_summary(run_dir: Path) -> dict:

@@ -125,7 +125,7 @@ def build_model(model_cfg, in_dim: int, out_dim: int) -> GNN:
 
 
 class MLPDecoder(nn.Module):
-    """The TMA paper's link decoder (reference/tma.md §4.2): h_u * h_v -> Linear(d, d) -> PReLU ->
+    """The TMA paper's link decoder (docs/background.md, "TMA"): h_u * h_v -> Linear(d, d) -> PReLU ->
     Linear(d, 1), a logit per pair. Works on any leading shape ([E, d], [E, k, d])."""
 
     def __init__(self, dim: int):

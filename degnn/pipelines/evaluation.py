@@ -15,7 +15,7 @@ import dgl
 import torch
 import torch.distributed as dist
 
-from degnn.data import _get
+from degnn.data import config_value as _get
 from degnn.data.evaluate import accuracy_evaluator, mrr_evaluator
 from degnn.runtime.compat import DistNodeDataLoader, MultiLayerFullNeighborSampler
 

@@ -1,4 +1,4 @@
-"""Link prediction, shared by pipeline=distdgl and pipeline=tma (reference/tma.md §2.2, §2.5).
+"""Link prediction, shared by pipeline=distdgl and pipeline=tma (docs/background.md, "TMA").
 
 Training (a mini-batch of training edges): one uniform negative per positive (DGL's
 `negative_sampler.Uniform(1)`: a random destination node for the same source), the model's

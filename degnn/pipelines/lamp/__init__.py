@@ -1,13 +1,6 @@
-"""pipeline=lamp: decentralized batch processing with LAMP (Locality-Aware Multi-layer neighbor
-Preparation), after DEGNN: H. Li, S. Lou, Y. Shao et al., "Efficient Distributed Mini-batch GNN
-Training with Decentralized Batch Processing", IEEE TKDE (no arXiv version). Only its abstract is
-public; it says: the neighbour preparation of a batch is pushed to the workers holding the data,
-so communication is decoupled from the computation graph's size; LAMP builds an aggregation
-skeleton with a locality-aware computation graph and runs multi-layer aggregation without
-cross-worker communication; quantized historical embeddings satisfy the recursive layer
-dependency; a two-level computation-graph fusion cuts computation and an asynchronous pipeline
-hides latency. What follows is degnn's reading of that: the machines that own a batch's remote
-neighbours prepare them; bytes per batch stop growing with the number of layers.
+"""pipeline=lamp: DEGNN's decentralized batch processing with LAMP (docs/background.md,
+"LAMP (DEGNN)"). The machines that own a batch's remote neighbours prepare them; bytes per batch stop
+growing with the number of layers.
 
 Following one batch takes four files: pipeline.py (`_issue`, `_complete`, `_after_step`) ->
 owners.py (the `Owners` interface and the trainer engine's rounds) or service.py (the graph
@@ -61,16 +54,7 @@ Histories are initialised with one layer-wise inference pass (the evaluator's wh
 `DistEvaluator.inference`, computes every layer's output for every node). Evaluation is the
 evaluator's, as for distdgl.
 
-Prior work the choices below name: GAS (M. Fey et al., "GNNAutoScale: Scalable and Expressive
-Graph Neural Networks via Historical Embeddings", ICML 2021, arXiv:2106.05609): one history
-table per hidden layer, out-of-batch neighbours read from it as constants (no gradient through
-them). P3 (S. Gandhi, A. P. Iyer, "P3: Distributed Deep Graph Learning at Scale", OSDI 2021):
-the feature owners compute the first layer and the trainer sends the gradients of those
-activations back to them. Sancus (J. Peng et al., "Sancus: Staleness-Aware
-Communication-Avoiding Full-Graph Decentralized Training in Large-Scale Graph Neural
-Networks", PVLDB 2022): broadcasts of historical embeddings skipped while they drift little.
-
-Choices where the paper's abstract is silent, and why:
+Choices where the paper is silent (docs/background.md, "LAMP (DEGNN)"), and why:
 * Histories keep h^(1..L-2) only (GAS keeps L-1 tables): a remote node's h^(L-1) is always
   prepared fresh by its owner, so that table would never be read; a 2-layer model has no
   history at all (nothing to push or synchronise).

@@ -17,9 +17,9 @@ Block k computes layer k (0 = input layer), DGL's convention. Its source nodes a
 the destinations of block k-1 (their computed rows come first) and the leaves' rows are appended.
 
 Sampling runs DGL's sampler on a private copy of the partition's CSC arrays, not on the
-shared-memory partition itself (`dgl.sampling.sample_neighbors` on a trainer's shared-memory
-`local_partition` aborted with std::bad_alloc in DGL 1.1.3), so the same code runs in servers,
-trainers and tests on a hand-made partition.
+shared-memory partition itself (that aborted with std::bad_alloc on a trainer in DGL 1.1.3,
+docs/background.md, "DGL, OGB and Hydra facts"), so the same code runs in servers, trainers and
+tests on a hand-made partition.
 """
 from __future__ import annotations
 

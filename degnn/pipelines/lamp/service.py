@@ -1,6 +1,7 @@
 """pipeline.engine=server: the owners are DGL's graph servers, asked over DGL RPC. The services
-are registered in every server and trainer (degnn.runtime.services.SERVICE_MODULES) before
-`dgl.distributed.initialize`; this module imports dgl and torch only.
+are registered in every server and trainer (`pipeline.services` in conf/pipeline/lamp.yaml,
+degnn.runtime.services) before `dgl.distributed.initialize`; this module imports dgl and torch
+only.
 
 Each request wraps one message of compute.py; its `process_request(server_state)` runs in the
 server that received it (the layout of DGL's graph_services.py) and hands the message to the

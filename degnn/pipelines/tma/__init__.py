@@ -1,4 +1,4 @@
-"""pipeline=tma: RandomTMA, SuperTMA, PSGD-PA and LLCG (Zhu et al. 2023; reference/tma.md §2-§5).
+"""pipeline=tma: RandomTMA, SuperTMA, PSGD-PA and LLCG (arXiv 2305.09887; docs/background.md, "TMA").
 
 One model per machine, trained only on the subgraph its machine owns (local.py: cross-partition
 edges dropped, no feature traffic), replaced by the mean of the live trainers' models every
@@ -59,7 +59,7 @@ from degnn.runtime.compat import NeighborSampler
 
 
 from .local import build_local_data
-from .service import CoordinatorClient
+from .service import CoordinatorClient, end_diverged
 
 VARIANT_PARTITION = {"random": "random", "supernode": "supernode", "psgd-pa": "metis", "llcg": "metis"}
 WEIGHTINGS = ("uniform", "train_nodes")
@@ -115,7 +115,7 @@ class TMAPipeline(Pipeline):
         if cfg.cluster.trainers_per_machine != 1:
             raise ValueError("pipeline=tma trains one model per machine (its partition): set "
                              "cluster.trainers_per_machine=1")
-        from degnn.launch.launcher import machines_of
+        from degnn.runtime.cluster import machines_of
 
         k = len(machines_of(cfg.cluster))
         drop = list(p.drop_parts)
@@ -412,6 +412,8 @@ class TMAPipeline(Pipeline):
             self.client.call("submit", r, self._flat(), {"weight": self.weight, "stats": stats},
                              category=None)
             res = self.client.wait("poll_mean", r, ("mean",), category=None)
+            if res.meta.get("diverged"):  # every live trainer's loss is not finite (Coordinator)
+                return end_diverged(ctx, r, res.meta, self.wall0)
             round_s = time.time() - t0
             self._load_flat(res.tensor)
             losses = {k: s["loss"] for k, s in res.meta["stats"].items()

@@ -1,15 +1,15 @@
 """A TMA trainer's data: the subgraph induced by the nodes its machine owns, and nothing else.
 
-TMA (reference/tma.md §2.2) trains each model on an induced subgraph: every edge whose endpoints
+TMA (docs/background.md, "TMA") trains each model on an induced subgraph: every edge whose endpoints
 sit on different partitions is dropped, halo nodes included, and no feature ever crosses
 machines. The machine's partition is already in the local graph server's shared memory
 (`DistGraph.local_partition`: inner nodes plus 1-hop halo); we take its inner-to-inner edges and
 build a fresh, plain DGLGraph from them. (Sampling directly on the shared-memory partition
-aborted with std::bad_alloc in DGL 1.1.3, DESIGN.md, and it would see the halo.) Features, labels
+aborted with std::bad_alloc in DGL 1.1.3, docs/background.md, and it would see the halo.) Features, labels
 and the train mask of the owned nodes are read once from the local KVStore server, through
 shared memory: no byte on the wire.
 
-Link task: the supervision edges are every edge of that subgraph (reference/tma.md §2.2), so
+Link task: the supervision edges are every edge of that subgraph (docs/background.md, "TMA"), so
 cross-partition edges are dropped for training too; the graph holds no held-out edge.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 TMA run, so that the run outlives a dead trainer.
 
 Why not gloo: an all-reduce, barrier or all_gather blocks forever (or aborts) when one peer is dead
-(DESIGN.md, pitfalls). Here every exchange is a request to server 0 with a deadline kept by the
+(docs/design.md, pitfalls). Here every exchange is a request to server 0 with a deadline kept by the
 server, and a trainer that misses a deadline is simply left out:
 
 round r (r = 0 is the start: the lowest rank's initial weights go to everyone, so every replica
@@ -20,14 +20,21 @@ starts identical, and the training clocks start together):
   5. everyone `poll_start`s until every live contributor has the released weights (round 0:
      the initial weights), or `round_timeout` has passed, and the next round's training starts.
 
+A round in which every contributor that trained reports a non-finite loss has diverged: the
+mean is not finite either, so nothing can come of going on. Its answer (`poll_mean`) carries
+`diverged` (the error line) and every trainer ends the run (`end_diverged`): the round's
+evaluator records it (a `diverged` line in curve.jsonl, summary.json with status failed), and
+every trainer exits non-zero, as the epoch-loop pipelines do on a non-finite loss.
+
 The server loop is single-threaded and has no timers, so deadlines are checked whenever a request
 arrives (trainers poll every few tens of milliseconds while they wait). Every request is answered,
-errors included: an exception inside a DGL server would kill the server (DESIGN.md).
+errors included: an exception inside a DGL server would kill the server (docs/background.md).
 
 This module is imported by every server (degnn.runtime.services); it imports dgl and torch only.
 """
 from __future__ import annotations
 
+import math
 import time
 import traceback
 from typing import Dict, List, Optional
@@ -60,6 +67,7 @@ class _Round:
         self.picked: set = set()  # ranks that have the released weights
         self.got_mean: set = set()  # ranks that have the mean (round 0: the initial weights)
         self.close_t = 0.0
+        self.diverged: Optional[str] = None  # the error line of a round whose losses are all non-finite
 
 
 class Coordinator:
@@ -98,6 +106,10 @@ class Coordinator:
         rd.sum = None
         rd.evaluator = min(rd.contributors)
         rd.last_beat = rd.close_t = now
+        if r > 0:
+            rd.diverged = diverged_round(r, rd.contributors)
+            if rd.diverged:
+                self.log.append(rd.diverged)
 
     def submit(self, r: int, rank: int, tensor: torch.Tensor, meta: dict, now: float) -> str:
         rd = self._round(r)
@@ -133,9 +145,12 @@ class Coordinator:
         return "mean", rd.mean.to(torch.float32), self._round_meta(rd)
 
     def _round_meta(self, rd: _Round) -> dict:
-        return {"contributors": sorted(rd.contributors), "evaluator": rd.evaluator,
+        meta = {"contributors": sorted(rd.contributors), "evaluator": rd.evaluator,
                 "stats": dict(rd.contributors), "all_stats": dict(self.last_stats),
                 "dead": sorted(self.dead), "log": list(self.log)}
+        if rd.diverged:
+            meta["diverged"] = rd.diverged
+        return meta
 
     def beat(self, r: int, rank: int, now: float) -> str:
         rd = self._round(r)
@@ -191,6 +206,31 @@ class Coordinator:
         if rd.closed and rd.evaluator == rank:
             return "evaluate", rd.mean.to(torch.float32), self._round_meta(rd)
         return "wait", EMPTY, {}
+
+
+def diverged_round(r: int, contributors: Dict[int, dict]) -> Optional[str]:
+    """The error line of round r when every contributor that trained in it (round_steps > 0)
+    reports a non-finite loss, else None."""
+    trained = {rank: s.get("loss") for rank, s in contributors.items() if s.get("round_steps")}
+    if not trained or any(isinstance(v, (int, float)) and math.isfinite(v) for v in trained.values()):
+        return None
+    return (f"diverged at round {r}: the training loss of every live trainer (ranks "
+            f"{', '.join(map(str, sorted(trained)))}) is not finite; lower train.lr or check the data")
+
+
+def end_diverged(ctx, r: int, meta: dict, wall0: float) -> dict:
+    """A trainer's end of a diverged run (the coordinator's verdict in `meta`): the round's
+    evaluator records it (curve.jsonl, summary.json with status failed; the launcher adds the
+    rounds done), and every trainer returns the failed status (its exit code is then 1)."""
+    from degnn.metrics import append_curve, write_summary
+
+    error = meta["diverged"]
+    ctx.log.error(error)
+    if meta.get("evaluator") == ctx.rank:
+        append_curve(ctx.run_dir, {"round": r, "loss": None, "diverged": True,
+                                   "wall_s": round(time.time() - wall0, 3)})
+        write_summary(ctx.run_dir, {"status": "failed", "error": error})
+    return {"status": "failed", "error": error}
 
 
 _STATE: Dict[str, Coordinator] = {}

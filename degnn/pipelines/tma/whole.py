@@ -2,7 +2,7 @@
 
 In the paper's code a separate server process holds the full training graph, evaluates every
 averaged model on it (full neighbourhoods, layer-wise) and, for LLCG, takes `corr_steps` Adam
-steps on whole-graph mini-batches (reference/tma.md §2.4-2.5). Here the lowest live trainer plays
+steps on whole-graph mini-batches (docs/background.md, "TMA"). Here the lowest live trainer plays
 that role (the coordinator names it), so nothing depends on one trainer staying alive:
 
 * `WholeGraph` fetches the whole graph once through the DistGraph (every node's in-edges by

@@ -1,8 +1,10 @@
-"""The per-process entry: every process of a run (graph servers and trainers) runs this.
+"""The per-process entry (`python -m degnn.train`): every process of a run (graph servers and
+trainers) runs this. It sits above the pipelines: it picks the configured one and runs it.
 
-DGL's contract (docs/design.md, "Processes and roles"): all processes run the same command line; the role comes
-from the environment. Servers register degnn's RPC services and serve their partition (never
-returning); trainers initialise DGL, then torch.distributed (gloo), then run the pipeline.
+DGL's contract (docs/design.md, "Processes and roles"): all processes run the same command line;
+the role comes from the environment. Servers register the RPC services the configured pipeline
+lists (`pipeline.services`) and serve their partition (never returning); trainers register the
+same services, initialise DGL, then torch.distributed (gloo), then run the pipeline.
 
 The config is composed with Hydra's compose API rather than `@hydra.main`, because a server or a
 non-zero rank must not create its own output folder or job log: the launcher (a real Hydra app)
@@ -23,6 +25,7 @@ from typing import List
 from degnn.config import CONF_DIR, register_configs
 from degnn.runtime.checkpoint import CheckpointError
 from degnn.runtime.compat import strip_local_rank
+from degnn.runtime.console import TqdmLogHandler
 from degnn.runtime.heartbeat import Heartbeat, heartbeat_path
 
 log = logging.getLogger("degnn")
@@ -65,7 +68,7 @@ def setup_logging(run_dir: Path, name: str, to_console: bool) -> None:
         root.removeHandler(h)
     if os.environ.get("DEGNN_LAUNCHED") or to_console:
         # our launcher already writes this process's stdout/stderr to <run_dir>/<name>.log
-        h = logging.StreamHandler(sys.stderr)
+        h = TqdmLogHandler(sys.stderr)  # lines around rank 0's progress bars, not over them
         h.setFormatter(fmt)
         root.addHandler(h)
     if not os.environ.get("DEGNN_LAUNCHED"):
@@ -95,7 +98,7 @@ def run_server(cfg, run_dir: Path) -> None:
     Heartbeat(heartbeat_path(run_dir, f"server{os.environ['DGL_SERVER_ID']}")).start()
     from degnn.runtime import services
 
-    services.register_all()
+    services.register(cfg.pipeline.services)
     log.info("serving %s as server %s", os.environ["DGL_CONF_PATH"], os.environ["DGL_SERVER_ID"])
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])  # never returns in a server
 
@@ -125,7 +128,7 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     pipeline_cls = get_pipeline(cfg.pipeline.name)
     # a pipeline that outlives a dead trainer never touches gloo (Pipeline.tolerates_trainer_faults)
     gloo = not pipeline_cls.tolerates_trainer_faults
-    services.register_all()
+    services.register(cfg.pipeline.services)
     t0 = time.time()
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])
     if gloo:

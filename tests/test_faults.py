@@ -1,0 +1,444 @@
+"""Faults at the edges (docs/design.md, "Fault policy"): an unusable run directory, a full disk,
+SIGHUP, Ctrl-C pressed again while stopping, a launcher killed while writing a partition, the
+failed process's real error as the last line, a kernel OOM kill, bad keys and inputs refused
+before partitioning, the random partitioner's own stream, a diverged TMA run."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from degnn.config import CONF_DIR, register_configs
+from degnn.launch import LaunchError
+from degnn.launch.cleanup import remove_dead_partition_temps
+from degnn.launch.faults import first_error, oom_note
+from degnn.launch.preflight import check_config, check_run_dir
+
+import fake_entry
+from netns_support import needs_netns
+from timing import budget
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+register_configs()
+
+
+def cfg_of(*overrides):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def _cli(tmp_path, *overrides, run_dir=None):
+    return subprocess.run([PY, "-m", "degnn.launch", f"partition.root={tmp_path / 'parts'}",
+                           f"dataset.root={tmp_path / 'data'}",
+                           f"hydra.run.dir={run_dir or tmp_path / 'run'}", *overrides],
+                          cwd=REPO, capture_output=True, text=True, timeout=budget(120))
+
+
+def _one_error_line(r) -> str:
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    assert lines[0].startswith("degnn.launch: error: ") and "Traceback" not in r.stderr
+    return lines[0]
+
+
+# ---- refused before anything starts ------------------------------------------------------------
+@pytest.fixture
+def readonly_dir(tmp_path):
+    d = tmp_path / "ro"
+    d.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(d)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a read-only tmpfs needs root")
+    yield d
+    subprocess.run(["umount", str(d)], capture_output=True)
+
+
+def test_unusable_run_directories_are_one_line(tmp_path, readonly_dir):
+    (tmp_path / "file").write_text("x")
+    for path, expect in [("/proc/degnn-run", "cannot create or write the run directory"),
+                         (str(tmp_path / "file"), "is an existing file"),
+                         (str(readonly_dir / "run"), "read-only file system")]:
+        with pytest.raises(LaunchError) as e:
+            check_run_dir(path)
+        assert str(e.value).startswith(f"hydra.run.dir={path}: ") and expect in str(e.value)
+    check_run_dir(str(tmp_path / "new" / "run"))  # a writable one is made, nothing left in it
+    assert os.listdir(tmp_path / "new" / "run") == []
+    # from the command line: one line, no Hydra traceback, nothing partitioned
+    line = _one_error_line(_cli(tmp_path, run_dir=readonly_dir / "run"))
+    assert "read-only file system" in line and not (tmp_path / "parts").exists()
+
+
+@pytest.mark.parametrize("overrides,expect", [
+    (["+train.epochz=3"], "+train.epochz: the config has no such key"),
+    (["pipeline=tma", "+pipeline.sync_evry=3s"], "+pipeline.sync_evry: the config has no such key"),
+    (["model.fanouts=[-2,10]"], "each fan-out must be an integer >= 1 (or -1: every neighbour), got -2"),
+    (["model.fanouts=[0,10]"], "got 0"),
+    (["model.layers=0"], "model.layers=0: must be an integer >= 1"),
+    (["model.layers=3"], "e.g. model.fanouts=[10,10,10]"),
+    (["cluster=netns", "cluster.machines=2", "cluster.subnet=notasubnet"], "cluster.subnet=notasubnet: must be"),
+])
+def test_bad_keys_fanouts_and_subnet_are_refused(overrides, expect):
+    from degnn.models import check_model_config
+    cfg = cfg_of(*overrides)
+    with pytest.raises((LaunchError, ValueError)) as e:
+        check_config(cfg)  # what the launcher checks first, then the model's own
+        check_model_config(cfg.model)
+    assert expect in str(e.value) and "\n" not in str(e.value)
+
+
+def _custom_graph(path, **empty):
+    import dgl
+    g = dgl.rand_graph(60, 300)
+    g.ndata["feat"] = torch.randn(60, 4)
+    g.ndata["label"] = torch.arange(60) % 3
+    for i, key in enumerate(("train_mask", "val_mask", "test_mask")):
+        m = torch.arange(60) % 3 == i
+        g.ndata[key] = torch.zeros(60, dtype=torch.bool) if empty.get(key) else m
+    dgl.save_graphs(str(path), [g])
+    return str(path)
+
+
+@pytest.mark.parametrize("key", ["train_mask", "val_mask", "test_mask"])
+def test_a_custom_graph_with_an_empty_split_is_refused(tmp_path, key):
+    from degnn.data import DatasetError, load_dataset
+    path = _custom_graph(tmp_path / "g.bin", **{key: True})
+    with pytest.raises(DatasetError) as e:
+        load_dataset(cfg_of("dataset=custom", f"dataset.path={path}").dataset)
+    assert f"node data '{key}' selects no node" in str(e.value)
+    ok = load_dataset(cfg_of("dataset=custom", f"dataset.path={_custom_graph(tmp_path / 'ok.bin')}").dataset)
+    assert int(ok.graph.ndata["val_mask"].sum()) == 20
+
+
+# ---- the random partitioner's stream ---------------------------------------------------------------
+def test_random_parts_do_not_follow_labels_drawn_from_the_same_seed():
+    from partitioners.api import _settings
+    from partitioners.assign import random_assignment
+    from partitioners.stats import total_variation
+
+    n, k, c = 40000, 4, 10
+    labels = np.random.default_rng(0).integers(0, c, size=n)
+
+    def tv_mean(part):
+        overall = np.bincount(labels, minlength=c) / n
+        return np.mean([total_variation(np.bincount(labels[part == p], minlength=c) / (part == p).sum(),
+                                        overall) for p in range(k)])
+
+    assert tv_mean(random_assignment(n, k, 0)) < 0.05
+    # what drawing from the user's own stream gives (the partitioner's old behaviour)
+    assert tv_mean(np.random.default_rng(0).integers(0, k, size=n)) > 0.05
+    # a new stream is a new cache folder
+    assert "stream" in _settings(cfg_of().dataset, cfg_of("partition=random").partition)
+
+
+# ---- what the launcher says --------------------------------------------------------------------------
+def test_first_error_is_the_real_error_not_a_library_banner():
+    banner = ["LIBXSMM_VERSION: main_stable-1.17-3651", "Registry and code: 13 MB",
+              "Command: python3 -m degnn.train", "Uptime: 5.24 s"]
+    cpp = ["starting", "terminate called after throwing an instance of 'std::bad_alloc'",
+           "  what():  std::bad_alloc", *banner]
+    assert first_error(cpp) == "what():  std::bad_alloc"
+    py = ["x", "Traceback (most recent call last):", '  File "a.py", line 1', "    f()",
+          "ValueError: bad", "error: trainer process failed (traceback above)", *banner]
+    assert first_error(py) == "ValueError: bad"
+    assert first_error(banner) is None
+
+
+def test_a_sigkill_names_the_oom_killer_or_hints_at_it(monkeypatch):
+    from degnn.launch import faults
+    monkeypatch.setattr(faults, "_dmesg_oom", lambda pid: None)  # the kernel log unreadable
+    monkeypatch.setattr(faults, "oom_counts", lambda: {"/cg/memory.events": 3})
+    assert oom_note(1, {"/cg/memory.events": 2}).startswith("out of memory: the kernel's OOM killer")
+    monkeypatch.setattr(faults, "oom_counts", lambda: {})
+    assert oom_note(1, {}) == "out of memory? the kernel's record could not be read"
+    monkeypatch.setattr(faults, "_dmesg_oom", lambda pid: "Killed process 1 (python) total-vm:1kB")
+    assert "dmesg: Killed process 1" in oom_note(1, {})
+
+
+def _run(run_dir, part, *overrides, env=None, signals=(), ready=None, timeout=90):
+    """The launcher (fake entry, cluster=local) in a subprocess; `signals`: (signal, delay after
+    the previous one) sent once `ready(run_dir)` holds. Returns (rc, out, err, seconds)."""
+    p = subprocess.Popen([PY, "-c", fake_entry.RUNNER, str(run_dir), part, "cluster=local",
+                          f"cluster.port={_free_port()}", *overrides], cwd=REPO,
+                         env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    try:
+        if signals:
+            deadline = time.monotonic() + budget(60)
+            while not ready(run_dir) and p.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert p.poll() is None, p.communicate()[1][-3000:]
+            t0 = time.monotonic()
+            for sig, delay in signals:
+                time.sleep(delay)
+                p.send_signal(sig)
+        out, err = p.communicate(timeout=budget(timeout))
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+        fake_entry.remove_shm_markers(str(run_dir))
+    return p.returncode, out, err, time.monotonic() - t0
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def part(tmp_path_factory):
+    return fake_entry.make_partition(str(tmp_path_factory.mktemp("parts") / "p1"), 1)
+
+
+def _all_started(run_dir) -> bool:
+    return all((Path(run_dir) / f"fake_rank{r}.json").exists() for r in (0, 1))
+
+
+def _nothing_left(run_dir) -> None:
+    deadline = time.monotonic() + budget(5)
+    while fake_entry.processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not fake_entry.processes_mentioning(str(run_dir))
+
+
+def test_the_fault_line_is_last_and_names_the_real_error(part, tmp_path):
+    run_dir = tmp_path / "run"
+    rc, out, err, _ = _run(run_dir, part, "cluster.trainers_per_machine=2", "cluster.stop_grace_s=5",
+                           env={"FAKE_FAIL_RANK": "1", "FAKE_FAIL_AFTER": "1", "FAKE_FAIL_TRACEBACK": "1",
+                                "FAKE_NOISE": "1"})
+    assert rc == 1, err[-3000:]
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("degnn.launch: run failed: trainer rank 1 (machine 0) pid"), err[-3000:]
+    assert "exited with code 1: ValueError: fan-out -2 is not a number of neighbours" in lines[-1]
+    assert not any(b in err for b in ("Registry and code", "Uptime"))  # LIBXSMM's banner
+    # rank 0 (on the console) answered the stop with DGL's noise: in its log, not after the fault
+    assert "User pressed Ctrl+C" in (run_dir / "rank0.log").read_text()
+    assert "User pressed Ctrl+C" not in out and "terminate called" not in out
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "failed" and "ValueError: fan-out -2" in s["error"]
+
+
+def test_sighup_stops_a_run_like_sigterm(part, tmp_path):
+    run_dir = tmp_path / "run"
+    rc, out, err, _ = _run(run_dir, part, "cluster.trainers_per_machine=2", env={"FAKE_FAIL_RANK": "9"},
+                           signals=[(signal.SIGHUP, 0.2)], ready=_all_started)
+    assert rc == 128 + signal.SIGHUP, err[-3000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "failed" and s["error"].startswith("interrupted by SIGHUP")
+    assert err.strip().splitlines()[-1] == f"degnn.launch: run failed: {s['error']}"
+    _nothing_left(run_dir)
+
+
+def test_a_second_ctrl_c_does_not_cut_the_clean_up_short(part, tmp_path):
+    run_dir = tmp_path / "run"
+    # the processes ignore SIGTERM: stopping takes the whole grace period, then SIGKILL
+    rc, out, err, took = _run(run_dir, part, "cluster.trainers_per_machine=2", "cluster.stop_grace_s=2",
+                              env={"FAKE_FAIL_RANK": "9", "FAKE_IGNORE_TERM": "1"},
+                              signals=[(signal.SIGINT, 0.2), (signal.SIGINT, 0.5)], ready=_all_started)
+    assert rc == 130, err[-3000:]
+    assert "SIGINT received while stopping: the clean-up goes on" in err
+    assert took >= 2, (took, err)  # the grace period was not cut
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "failed" and s["error"].startswith("interrupted by SIGINT")
+    _nothing_left(run_dir)
+
+
+def test_a_third_ctrl_c_leaves_and_says_what_it_left(part, tmp_path):
+    run_dir = tmp_path / "run"
+    rc, out, err, took = _run(run_dir, part, "cluster.trainers_per_machine=2", "cluster.stop_grace_s=20",
+                              env={"FAKE_FAIL_RANK": "9", "FAKE_IGNORE_TERM": "1"},
+                              signals=[(signal.SIGINT, 0.2), (signal.SIGINT, 0.3), (signal.SIGINT, 0.3)],
+                              ready=_all_started)
+    assert rc == 130 and took < 10, (took, err[-3000:])
+    last = err.strip().splitlines()[-1]
+    assert "SIGINT received 3 times: leaving without finishing the clean-up; left: processes server0 pid" in last
+    assert "rank0 pid" in last and "rank1 pid" in last
+    assert "--cleanup" in last
+    _nothing_left(run_dir)  # they die with the launcher (parent-death signal)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    d = tmp_path / "disk"
+    d.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    yield d
+    subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def test_a_full_disk_leaves_no_broken_summary_and_says_so(part, tiny_disk):
+    run_dir = tiny_disk / "run"
+    rc, out, err, _ = _run(run_dir, part, "cluster.trainers_per_machine=2",
+                           env={"FAKE_FAIL_RANK": "1", "FAKE_FAIL_AFTER": "0.5", "FAKE_FILL_DISK": "1"})
+    assert rc == 1 and "Traceback" not in err, err[-3000:]
+    assert not (run_dir / "summary.json").exists()  # absent, with the reason on the console:
+    assert f"{run_dir / 'summary.json'} not written (No space left on device); the file system of " in err
+    assert "is full" in err
+    last = err.strip().splitlines()[-1]
+    # rank 1 filled the disk; rank 0 may die of it first (its own write fails): either is named
+    assert last.startswith("degnn.launch: run failed: trainer rank ") and "is full" in last
+    assert not [f for f in os.listdir(run_dir) if f.startswith(".summary.json")]
+    _nothing_left(run_dir)
+
+
+def test_a_kernel_oom_kill_says_so(part, tmp_path):
+    cg = Path(f"/sys/fs/cgroup/memory/degnn-test-{uuid.uuid4().hex[:8]}")
+    try:
+        cg.mkdir()
+        (cg / "memory.limit_in_bytes").write_text(str(600 << 20))
+    except OSError:
+        pytest.skip("no cgroup v1 memory controller to limit here")
+    try:
+        swap = cg / "memory.memsw.limit_in_bytes"
+        if swap.exists():
+            try:
+                swap.write_text(str(600 << 20))
+            except OSError:
+                pass
+        run_dir = tmp_path / "run"
+        # the launcher and its processes run in the limited cgroup; rank 1 eats more than it allows
+        code = f"import os, sys; open('{cg}/cgroup.procs', 'w').write(str(os.getpid())); exec(sys.argv.pop(1))"
+        r = subprocess.run([PY, "-c", code, fake_entry.RUNNER, str(run_dir), part, "cluster=local",
+                            f"cluster.port={_free_port()}", "cluster.trainers_per_machine=2"],
+                           cwd=REPO, env={**os.environ, "FAKE_FAIL_RANK": "1", "FAKE_EAT_MB": "2000"},
+                           capture_output=True, text=True, timeout=budget(90))
+        fake_entry.remove_shm_markers(str(run_dir))
+        assert r.returncode != 0 and "trainer rank 1 (machine 0) pid" in r.stderr, r.stderr[-3000:]
+        assert "was killed by SIGKILL (out of memory: the kernel's OOM killer" in r.stderr, r.stderr[-3000:]
+        _nothing_left(run_dir)
+    finally:
+        for _ in range(50):
+            try:
+                cg.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+# ---- a launcher killed while it writes a partition --------------------------------------------------------
+WRITE_AND_HANG = r"""
+import sys, time
+from pathlib import Path
+import partitioners.api as api
+from hydra import compose, initialize_config_dir
+from degnn.config import CONF_DIR, register_configs
+register_configs()
+def stuck(graph, part, num_parts, out, *a, **k):
+    Path(out).mkdir(parents=True)
+    (Path(out) / "part0").mkdir()
+    (Path(out) / "part0" / "graph.dgl").write_bytes(b"\0" * 4096)
+    time.sleep(600)
+api.write_partitions = stuck
+with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+    cfg = compose("config", overrides=sys.argv[1:])
+api.ensure_partitions(cfg.dataset, cfg.partition)
+"""
+
+
+def test_cleanup_removes_a_partition_half_written_by_a_killed_launcher(tmp_path):
+    root = tmp_path / "parts"
+    p = subprocess.Popen([PY, "-c", WRITE_AND_HANG, f"partition.root={root}", f"dataset.root={tmp_path / 'data'}"],
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + budget(60)
+        temps = []
+        while not temps and time.monotonic() < deadline and p.poll() is None:
+            temps = list(root.glob("*/.*.tmp-*/part0/graph.dgl"))
+            time.sleep(0.05)
+        assert temps, p.communicate()[1][-3000:] if p.poll() is not None else "no temporary folder"
+        # a live writer's folder is left alone
+        assert remove_dead_partition_temps([str(root)]) == [] and temps[0].exists()
+        p.kill()  # SIGKILL: no clean-up of its own
+        p.communicate()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    tmp = temps[0].parents[1]
+    assert tmp.exists()
+    r = subprocess.run([PY, "-m", "degnn.launch", "--cleanup", f"partition.root={root}"], cwd=REPO,
+                       capture_output=True, text=True, timeout=budget(60))
+    assert r.returncode == 0 and f"removed partition folder {tmp} (half written by process {p.pid}" in r.stdout
+    assert not tmp.exists()
+
+
+# ---- Ctrl-C while the launcher still imports torch -------------------------------------------------------
+def test_ctrl_c_while_torch_imports_is_one_line(tmp_path):
+    p = subprocess.Popen([PY, "-m", "degnn.launch", f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + budget(60)
+        while time.monotonic() < deadline and p.poll() is None:
+            try:
+                if "libtorch" in Path(f"/proc/{p.pid}/maps").read_text():
+                    break
+            except OSError:
+                pass
+            time.sleep(0.01)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=budget(60))
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert p.returncode == 130 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert lines[0].startswith("degnn.launch: error: interrupted")
+
+
+# ---- TMA: a diverged run, and its failure summary in rounds -------------------------------------------
+def test_the_coordinator_calls_a_round_diverged_when_every_trained_loss_is_not_finite():
+    from degnn.pipelines.tma.service import Coordinator
+    c = Coordinator([0, 1], round_timeout_s=5, start_timeout_s=60, evaluator_timeout_s=10)
+    for r, losses in ((1, (0.5, float("nan"))), (2, (float("inf"), float("nan")))):
+        for rank, loss in enumerate(losses):
+            c.submit(r, rank, torch.ones(2), {"stats": {"loss": loss, "round_steps": 3}}, now=float(r))
+        meta = c.poll_mean(r, 0, float(r))[2]
+        assert ("diverged" in meta) == (r == 2), meta
+    assert meta["diverged"].startswith("diverged at round 2: the training loss of every live trainer (ranks 0, 1)")
+    # a trainer that did not train (no training nodes) has no say
+    c.submit(3, 0, torch.ones(2), {"stats": {"loss": float("nan"), "round_steps": 0}}, now=3.0)
+    c.submit(3, 1, torch.ones(2), {"stats": {"loss": 0.7, "round_steps": 3}}, now=3.0)
+    assert "diverged" not in c.poll_mean(3, 0, 3.0)[2]
+
+
+def test_a_failed_tma_runs_summary_counts_rounds(tmp_path):
+    from degnn.launch.launcher import write_failure
+    curve = [{"round": r, "epoch": 57.0 * r, "train_time_s": 2.0 * r, "wall_s": 3.0 * r, "val": v, "test": t}
+             for r, v, t in ((1, 0.5, 0.4), (2, 0.7, 0.6), (3, 0.6, 0.55))]
+    (tmp_path / "curve.jsonl").write_text("".join(json.dumps(c) + "\n" for c in curve))
+    s = write_failure(str(tmp_path), cfg_of("pipeline=tma"), "trainer rank 0 was killed", None, 2, 2)
+    assert (s["epochs"], s["best_epoch"], s["best_val"], s["test_final"]) == (3, 2, 0.7, 0.55)
+    assert json.loads((tmp_path / "summary.json").read_text())["epochs"] == 3
+
+
+@needs_netns
+def test_a_diverged_tma_run_fails_naming_the_round(tmp_path):
+    run_dir = tmp_path / "run"
+    r = subprocess.run([PY, "-m", "degnn.launch", "pipeline=tma", "cluster=netns", "cluster.machines=2",
+                        "dataset=synthetic-tiny", "train.lr=1e30", "pipeline.sync_every=2s",
+                        "pipeline.time_limit=6s", f"hydra.run.dir={run_dir}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=budget(240))
+    assert r.returncode != 0, r.stderr[-3000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "failed" and s["error"].startswith("diverged at round 1: "), s
+    assert r.stderr.strip().splitlines()[-1] == f"degnn.launch: run failed: {s['error']}"
+    curve = [json.loads(l) for l in (run_dir / "curve.jsonl").read_text().splitlines()]
+    assert curve[-1]["round"] == 1 and curve[-1]["diverged"] is True
+    assert not fake_entry.processes_mentioning(str(run_dir))
