@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(VPY) -m degnn.demo
+	$(VPY) -m degnn.demo $(ARGS)
 
 test: setup
 	$(VPY) -m pytest -q tests

@@ -25,6 +25,7 @@ from typing import List
 from degnn.config import CONF_DIR, register_configs
 from degnn.runtime.checkpoint import CheckpointError
 from degnn.runtime.compat import strip_local_rank
+from degnn.runtime.console import TqdmLogHandler
 from degnn.runtime.heartbeat import Heartbeat, heartbeat_path
 
 log = logging.getLogger("degnn")
@@ -69,7 +70,7 @@ def setup_logging(run_dir: Path, name: str, to_console: bool) -> None:
         root.removeHandler(h)
     if os.environ.get("DEGNN_LAUNCHED") or to_console:
         # our launcher already writes this process's stdout/stderr to <run_dir>/<name>.log
-        h = logging.StreamHandler(sys.stderr)
+        h = TqdmLogHandler(sys.stderr)  # lines around rank 0's progress bars, not over them
         h.setFormatter(fmt)
         root.addHandler(h)
     if not os.environ.get("DEGNN_LAUNCHED"):

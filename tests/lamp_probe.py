@@ -21,15 +21,17 @@ def trainer(argv) -> int:
     import torch.distributed as dist
 
     from degnn.models import build_model
-    from degnn.pipelines.evaluation import DistEvaluator, dataset_evaluator
     from degnn.pipelines.lamp import service as S
+    from degnn.pipelines.lamp.compute import GradRows, HistoryPull, HistoryRows, Roots, Setup, Weights
     from degnn.pipelines.lamp.graph import LocalGraph
-    from degnn.pipelines.lamp.quantize import QRows, dequantize, quantize
+    from degnn.pipelines.lamp.quantize import dequantize, quantize
     from degnn.runtime import services
     from degnn.runtime.compat import strip_local_rank
     from degnn.runtime.context import RunContext
     from degnn.entry import compose_config, run_dir_from
     from degnn.runtime.partition_info import read_partition_json
+    from degnn.tasks.evaluation import DistEvaluator
+    from degnn.tasks.node import NodeTask
     import logging
 
     overrides, _ = strip_local_rank(argv)
@@ -49,8 +51,10 @@ def trainer(argv) -> int:
     model = build_model(cfg.model, g.ndata["feat"].shape[1], 5).eval()
     ctx = RunContext(cfg=cfg, run_dir=run_dir, rank=rank, world_size=dist.get_world_size(), local_rank=0,
                      machines=2, part_config=os.environ["DGL_CONF_PATH"], graph=g, log=logging.getLogger())
-    ev = DistEvaluator(ctx, model, [hidden] * (L - 1) + [5], dataset_evaluator({"name": "x", "kind": "synthetic", "task": "node"}), 4096)
-    ev._inference()
+    task = NodeTask(cfg)
+    task.num_classes = 5
+    ev = DistEvaluator(ctx, model, task)
+    ev.inference()
     model.eval()
     lg = LocalGraph.from_partition(g.local_partition)
     theirs = torch.nonzero(pb.nid2partid(torch.arange(g.num_nodes())) == other).flatten()[:50]
@@ -64,31 +68,31 @@ def trainer(argv) -> int:
 
     # 1. a LAMP request to a server that is not set up yet: answered with an error
     dist.barrier()
-    out["before_setup"] = ask(S.LampRequest(theirs, 0))[1]
+    out["before_setup"] = ask(S.LampRequest(Roots(theirs, 0)))[1]
     dist.barrier()
     # 2. set up my machine's server: model, 32-bit exact histories, weights
     halo = torch.nonzero(~lg.inner).flatten()
     m = dict(kind=cfg.model.name, in_dim=g.ndata["feat"].shape[1], hidden=hidden, out_dim=5, layers=L,
              dropout=0.5, heads=cfg.model.heads, fanouts=[-1] * L, bits=32, seed=0)
-    reqs = [S.LampSetupRequest(m, halo, g.ndata["feat"][lg.nid[halo]], torch.nonzero(lg.inner).flatten())]
+    reqs = [S.LampSetupRequest(Setup(m, halo, g.ndata["feat"][lg.nid[halo]], torch.nonzero(lg.inner).flatten()))]
     for layer in range(1, L - 1):  # the histories the owners read: h^(1..L-2)
-        q = quantize(ev.outputs[layer - 1][lg.nid], 32)
-        reqs.append(S.HistoryPushRequest(layer, torch.arange(lg.num_nodes), q.codes, q.scale, q.offset,
-                                         torch.zeros(lg.num_nodes, dtype=torch.int64)))
+        reqs.append(S.HistoryPushRequest(HistoryRows.of(layer, torch.arange(lg.num_nodes),
+                                                        ev.outputs[layer - 1][lg.nid], 0, 32)))
     state = {k: v for k, v in model.state_dict().items() if not k.startswith(f"layers.{L - 1}.")}
-    reqs.append(S.SetWeightsRequest(1, list(state), list(state.values())))
+    reqs.append(S.SetWeightsRequest(Weights(1, list(state), list(state.values()))))
     for r in reqs:
         S.call([(s, r) for s in S.servers_of(me)])
     dist.barrier()
     # 3. bad requests: roots the server does not own; a malformed pull; weights it cannot load
-    out["not_owned"] = ask(S.LampRequest(mine, 1))[1]
-    out["bad_pull"] = ask(S.HistoryPullRequest([1], [7], theirs, True, -1))[1]
-    out["bad_weights"] = ask(S.SetWeightsRequest(2, ["no.such.param"], [torch.zeros(1)]))[1]
+    out["not_owned"] = ask(S.LampRequest(Roots(mine, 1)))[1]
+    out["bad_pull"] = ask(S.HistoryPullRequest(HistoryPull([1], [7], theirs, True, -1)))[1]
+    out["bad_weights"] = ask(S.SetWeightsRequest(Weights(2, ["no.such.param"], [torch.zeros(1)])))[1]
     # 4. the same server still answers, exactly
-    res, err = ask(S.LampRequest(theirs, 1))
+    res, err = ask(S.LampRequest(Roots(theirs, 1)))
     out["good_error"] = err
     if res is not None:
-        h = dequantize(QRows(res.codes, res.scale, res.offset), 32, hidden)
+        res = res.msg
+        h = dequantize(res.q, 32, hidden)
         exact = ev.outputs[L - 2][theirs]
         out["answer_rows"] = int(h.shape[0])
         out["max_abs_diff"] = float((h - exact).abs().max())
@@ -97,9 +101,10 @@ def trainer(argv) -> int:
         out["ages"] = list(res.ages)
         # 5. grad=push: gradient rows for those roots reach the owner's copy of the lower layers
         q = quantize(torch.ones(len(theirs), hidden), 32)
-        out["push_error"] = ask(S.GradPushRequest(theirs, q.codes, q.scale, q.offset))[1]
+        out["push_error"] = ask(S.GradPushRequest(GradRows(theirs, q.codes, q.scale, q.offset)))[1]
         grads, out["pull_error"] = ask(S.GradPullRequest())
         if grads is not None:
+            grads = grads.msg
             out["grad_rows"] = grads.rows
             out["grad_names"] = grads.names
             out["grad_norm"] = float(sum(t.norm() for t in grads.tensors))

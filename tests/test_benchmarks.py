@@ -88,6 +88,34 @@ def test_parity_report_pools_both_orders_of_distdgl_and_the_plain_trainer(tmp_pa
             "0.5100 / 0.4800 | +3.00 |") in text
 
 
+def test_quick_report_has_lamp_beside_distdgl_and_the_killed_tma_runs_beside_distdgl(tmp_path):
+    """bench=quick: the lamp pairs at 1 gbit, and at 100 mbit distdgl against TMA runs that all lost
+    a trainer; the 1 gbit distdgl runs get no TMA table of their own."""
+    common = {"dataset": "synthetic-small", "machines": 2, "epochs": 1, "best_val": 0.6,
+              "allreduce_bytes_per_batch": 100.0}
+    for layers, d_net, l_net in ((2, 1100.0, 200.0), (3, 4100.0, 300.0)):
+        fake_run(tmp_path, f"bytes-L{layers}-distdgl/0", pipeline="distdgl", layers=layers, test=0.6,
+                 net_bytes_per_batch=d_net, epoch_times_s=[2.0], bandwidth="1gbit", **common)
+        fake_run(tmp_path, f"bytes-L{layers}-lamp/0", pipeline="lamp", layers=layers, bits=8, test=0.59,
+                 net_bytes_per_batch=l_net, epoch_times_s=[1.0], bandwidth="1gbit", **common)
+    slow = {"dataset": "synthetic-small", "machines": 2, "layers": 2, "bandwidth": "100mbit", "trainers": 2}
+    fake_run(tmp_path, "tma-distdgl/0", pipeline="distdgl", variant="default", best_val=0.80, test=0.79,
+             train_time_s=12.0, batches=100, **slow)
+    for i, variant in enumerate(("random", "supernode")):
+        fake_run(tmp_path, f"tma-killed/{i}", pipeline="tma", variant=variant, best_val=0.79, test=0.78,
+                 kill_rank=1, kill_at_s=5.0, trainers_alive=1, rounds=4, train_time_s=12.5, **slow)
+    text = write_report(tmp_path).read_text()
+    assert "| bytes-L3 | synthetic-small | 3 | 8 | 1 | 4.0 / 0.3 | **13.7x** |" in text
+    assert "### synthetic-small, 2 machines, 100mbit links, 2 layers, sage" in text
+    assert "1gbit links" not in text
+    # no run of these methods without the failure: the killed runs stand in the main TMA table
+    assert "| tma/random (rank 1 killed at 5s) | – |" in text
+    assert "| tma/supernode (rank 1 killed at 5s) | – |" in text
+    assert "| synthetic-small 100mbit | tma/supernode | rank 1 killed at 5s | 1 | 0.7800 | – |" in text
+    assert (tmp_path / "tma-curves-synthetic-small-100mbit-sage.png").stat().st_size > 1000
+    assert (tmp_path / "lamp_bytes_vs_layers.png").stat().st_size > 1000
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="cluster=netns needs root and iproute2")
 def test_plain_dgl_trainer_runs_on_the_same_cluster_and_moves_the_same_bytes(tmp_path):
     """bench=parity's reference trainer starts through the launcher (cluster.entry) and does the

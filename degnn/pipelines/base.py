@@ -124,13 +124,16 @@ class Pipeline:
     def param_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
-    def optimize(self, loss: torch.Tensor, clip: float = 0.0) -> float:
+    def optimize(self, loss: torch.Tensor, clip: float = 0.0, before_backward=None) -> float:
         """Backward and an optimizer step of `loss`, timed as compute with the all-reduce (timed
-        apart by the DDP hook, when there is one) taken out; returns the loss value."""
+        apart by the DDP hook, when there is one) taken out; returns the loss value.
+        `before_backward()` runs after the gradients are zeroed (gradients to add in)."""
         timer = self.timer
         with timer("compute"):
             allreduce0 = timer.total["allreduce"]
             self.optimizer.zero_grad()
+            if before_backward is not None:
+                before_backward()
             loss.backward()
             if clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from degnn.pipelines.record import RunRecord, param_digest, rng_state, set_rng_state
+from degnn.runtime.console import progress_bar
 
 
 def diverged(loss: float, batches: int) -> bool:
@@ -88,8 +89,7 @@ class EpochLoop:
         p, cfg = self.p, self.cfg
         progress = None
         if self.ctx.is_rank0:
-            progress = tqdm(total=p.batches_per_epoch(), desc=f"epoch {epoch}/{cfg.train.epochs}",
-                            unit="batch", leave=False, mininterval=1.0)
+            progress = progress_bar(p.batches_per_epoch(), f"epoch {epoch}/{cfg.train.epochs}")
         dist.barrier()
         wire0, t0 = p.wire.read(), time.time()
         loss, nb = profiled(p, self.train_epoch, epoch, progress)

@@ -51,14 +51,14 @@ class DistEvaluator:
         ]
 
     @torch.no_grad()
-    def inference(self, layers=None):
-        """Layer-wise full-neighbour inference of the first `layers` layers (default: all);
-        returns the last one's DistTensor."""
+    def inference(self) -> list:
+        """Every layer's output for every node (one DistTensor a layer, input layer first), from
+        one layer-wise whole-graph pass; every trainer calls it (collective)."""
         feat_bytes = self.g.ndata["feat"].shape[1] * 4
         x = self.g.ndata["feat"]
         self.model.eval()
         sampler = MultiLayerFullNeighborSampler(1)
-        for i, out in enumerate(self.outputs[:layers]):
+        for i, out in enumerate(self.outputs):
             loader = DistNodeDataLoader(self.g, self.all_nids, sampler, batch_size=self.batch_size,
                                         shuffle=False, drop_last=False)
             row_bytes = (feat_bytes if i == 0 else x.shape[1] * 4)
@@ -69,10 +69,10 @@ class DistEvaluator:
             self.g.barrier()
             x = out
         self.model.train()
-        return x
+        return self.outputs
 
     def __call__(self) -> Tuple[float, float]:
-        val, test = self.score(self.inference(), self.model, self.evaluate_fn)
+        val, test = self.score(self.inference()[-1], self.model, self.evaluate_fn)
         box = [val, test]
         dist.broadcast_object_list(box, src=0)
         return box[0], box[1]

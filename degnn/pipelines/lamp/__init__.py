@@ -2,6 +2,11 @@
 "LAMP (DEGNN)"). The machines that own a batch's remote neighbours prepare them; bytes per batch stop
 growing with the number of layers.
 
+Following one batch takes four files: pipeline.py (`_issue`, `_complete`, `_after_step`) ->
+owners.py (the `Owners` interface and the trainer engine's rounds) or service.py (the graph
+servers' requests) -> compute.py (what an owner does: `Owner.answer`) -> graph.py (the
+computation graph it builds).
+
 One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
 
 1. Seeds from the trainer's own training nodes. The locality-aware computation graph
@@ -11,39 +16,43 @@ One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
    at setup: input features never change), leaves of blocks 1..L-2 read the quantized
    histories h^(k) (history.py, through the machine's own graph server: loopback, no wire).
 2. The leaves of the top block (the seeds' remote neighbours) are *roots*: deduplicated and
-   grouped by owner, one LampRequest per owner machine (service.py), all in flight together:
-   one RPC round per batch. The owner builds the same kind of graph for layers 1..L-1 below
-   them on its own partition, reads its halo leaves from its histories, runs its model
-   replica and answers h^(L-1) of the roots, quantized to `pipeline.bits`.
+   grouped by owner, one ask (compute.Roots) per owner machine, all in flight together: one
+   round per batch (owners.Owners.ask). The owner (compute.Owner.answer) builds the same kind
+   of graph for layers 1..L-1 below them on its own partition, reads its halo leaves from its
+   histories, runs its model replica and answers h^(L-1) of the roots (compute.Rows),
+   quantized to `pipeline.bits`.
 3. The trainer runs the L layers through its DDP wrapper; owner answers and history rows are
    constants (`pipeline.grad=stop`, GAS semantics): the gradient flows through the trainer's
    own sub-graph only, and DDP all-reduces it as in distdgl.
 4. Fresh h^(1..L-1) of the batch's own nodes are pushed to the machine's histories (owners
    write theirs back too), only for *boundary* nodes (own nodes other machines hold as halo
    nodes: the only own rows anyone reads, through the halo sync). Every `weight_sync_every`
-   steps the trainer ships the layers below the top to its own machine's graph server(s):
-   every machine has a trainer holding the same DDP weights, so owners never need weights
-   from another machine (loopback, no wire). Every
+   steps the trainer ships the layers below the top to its own machine's owner (its graph
+   server(s), or its own process): every machine has a trainer holding the same DDP weights,
+   so owners never need weights from another machine (no wire). Every
    `sync_every` steps each machine pulls halo history rows from their owners (quantized as
    stored, with their stamps): with `pipeline.sync_budget=r` (default 0.25) as many rows as r x
    the LAMP answer rows its trainer received since the last sync, those refreshed longest ago
    first (a round robin over tables and halo nodes); with `sync_budget=null` every halo row
-   written since the last sync.
+   written since the last sync (halo.py).
 
 5. The asynchronous pipeline (`pipeline.prefetch=k`, pipeline.py `pipelined`): steps 1-2 of
    batch i+k run before batch i trains, so the owners prepare while the trainer computes; the
    pushes, weights and halo sync of step 4 are sent without waiting and collected a step later.
-   Answers of several batches in flight are routed by sequence number (service.receive). What
+   Answers of several batches in flight are routed by sequence number (service.receive) or
+   come back in round order (owners.TrainerOwners). What
    this costs: the owners answer with weights up to k (+ weight_sync_every) steps older, and
    history rows are up to k steps older; both are measured (`owner_version_lag_*`,
    `history_age_*`).
-6. Two-level fusion (`pipeline.fusion`, graph.py, service.py): every computation graph is a
+6. Two-level fusion (`pipeline.fusion`, graph.py, compute.py): every computation graph is a
    layered DAG, each (node, layer) computed once (level 2), and an owner merges every LAMP
-   request queued for it (other trainers', prefetched batches') into one graph (level 1).
+   ask queued for it (a server: other trainers', prefetched batches'; a trainer: every peer's
+   ask of the round) into one graph (level 1).
    fusion=false computes every path of every request on its own (graph.unfold), the ablation.
 
-Histories are initialised with one layer-wise inference pass (the evaluator's whole-graph pass
-computes every layer's output for every node). Evaluation is the evaluator's, as for distdgl.
+Histories are initialised with one layer-wise inference pass (the evaluator's whole-graph pass,
+`DistEvaluator.inference`, computes every layer's output for every node). Evaluation is the
+evaluator's, as for distdgl.
 
 Choices where the paper is silent (docs/background.md, "LAMP (DEGNN)"), and why:
 * Histories keep h^(1..L-2) only (GAS keeps L-1 tables): a remote node's h^(L-1) is always
@@ -52,8 +61,8 @@ Choices where the paper is silent (docs/background.md, "LAMP (DEGNN)"), and why:
 * The halo sync has a byte budget (`pipeline.sync_budget`), not only a period. Syncing every
   changed halo row moves |halo| x (L-2) rows per `sync_every` steps: on synthetic-arxiv (23k halo
   nodes a machine) ten times the per-batch LAMP traffic at 3 layers and twice that at 4, so the
-  bytes would grow with the layers after all. The design card's amortised cost
-  O(|boundary| (L-1) d_h b / R) says the same. With a budget of r x the answer rows the sync
+  bytes would grow with the layers after all: syncing every changed boundary row every R steps
+  costs O(|boundary| (L-1) d_h b / R) bytes a step. With a budget of r x the answer rows the sync
   adds at most r to the LAMP traffic whatever L is; the price is older halo rows (each row comes
   back after (L-2) |halo| / (r x roots per step) steps, a few epochs here, GAS's regime: its
   histories of out-of-batch nodes are up to an epoch old), measured as `history_age_*`. Oldest
@@ -69,9 +78,9 @@ Choices where the paper is silent (docs/background.md, "LAMP (DEGNN)"), and why:
   machine's trainer pulls them (loopback, in the background) into its next all-reduce. So they
   join one step late (or more), and only the owner machine's trainer's all-reduce carries them:
   no parameter gradients on the wire.
-* Where the owners' preparation runs (`pipeline.engine`): in the graph servers (server, steps 2
-  and 4 above, over DGL RPC), or in each machine's trainer process (trainer, the default,
-  engine.py): its histories, halo features and a model replica live in the trainer, and one
+* Where the owners' preparation runs (`pipeline.engine`, owners.make_owners): in the graph
+  servers (server, service.py, over DGL RPC), or in each machine's trainer process (trainer, the
+  default, owners.py): its histories, halo features and a model replica live in the trainer, and one
   round per batch (torch.distributed all_to_all on its own gloo group, in a background thread)
   carries the roots to their owners' trainers, the halo-sync asks and the pushed gradient rows,
   and brings the answers back. No weights or history rows cross a process boundary; every round
@@ -90,12 +99,16 @@ Bytes (ByteCounter categories, only what crosses machines): lamp_request, lamp_r
 history_sync, allreduce. Loopback traffic to the machine's own server (weights, history push/pull,
 setup) is reported apart in `local_bytes_by_category`: it never reaches the wire counters.
 
-Files: quantize.py (per-row quantization), history.py (the history tables), graph.py (the
-computation-graph builder, fusion counts and the unfolded graph), service.py (the requests the
-graph servers answer, request merging, the trainer's send/receive), engine.py (engine=trainer:
-the same answers from the trainer processes), pipeline.py (the trainer's
-loop: `train_epoch` -> `pipelined` -> `_issue` / `_complete`, then `_after_step`). This package imports nothing heavy itself: graph servers import
-service.py before `dgl.distributed.initialize` (degnn.runtime.services).
+Files: pipeline.py (the trainer's loop: `train_epoch` -> `pipelined` -> `_issue` / `_complete`,
+then `_after_step`; no engine branch: it talks to one `Owners`), owners.py (the `Owners` interface,
+`make_owners`, and engine=trainer's rounds), service.py (engine=server: the graph servers' DGL
+RPC requests, their state, request merging, the trainer's send/receive routing, `ServerOwners`),
+compute.py (the messages, a small dataclass each, and what an owner does with them), graph.py
+(the computation-graph builder, fusion counts and the unfolded graph), halo.py (the halo sync's
+plan and bookkeeping), history.py (the history tables), quantize.py (per-row quantization),
+summary.py (LAMP's summary keys). This package imports nothing heavy itself: graph servers
+import service.py (and through it compute.py, owners.py) before `dgl.distributed.initialize`
+(degnn.runtime.services).
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ own) next to the rows of its own nodes; a node-partitioned DistTensor holds only
 rows, so every halo read would cross the network, which is what histories exist to avoid. The
 trainer of that machine reads and writes the same tables through its local server (loopback, no
 wire bytes). With pipeline.engine=trainer the tables live in the trainer process instead, and
-the owners' answers are prepared there too (engine.py).
+the owners' answers are prepared there too (owners.TrainerOwners).
 """
 from __future__ import annotations
 

@@ -1,0 +1,304 @@
+"""What an owner does, whichever process it runs in (a graph server, `pipeline.engine=server`, or
+a machine's trainer, `engine=trainer`), and the messages it is sent and answers.
+
+An owner holds its partition's locality-aware graph (graph.py), the input features of its own
+nodes and a replica of its halo nodes' features, the quantized histories h^(1..L-2)
+(history.py) and a model replica (eval mode, no dropout: answers stand in for historical
+embeddings, which should be expectations). For the roots a trainer sends it builds the graph of
+layers 1..L-1 below them, reads its halo leaves from the histories, runs the replica, writes
+fresh rows of its boundary nodes back, and answers h^(L-1) of the roots quantized; with
+grad=push it backpropagates gradient rows of its answers into the replica's lower layers.
+
+Messages are small dataclasses; both transports carry them unchanged (service.py wraps them in
+DGL RPC requests, owners.py packs them into its rounds). Imports torch and dgl only: graph
+servers import this module through service.py before `dgl.distributed.initialize`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from degnn.pipelines.lamp.graph import fusion_counts, unfold
+from degnn.pipelines.lamp.history import History, ages_summary
+from degnn.pipelines.lamp.quantize import QRows, dequantize, quantize
+
+
+def _empty() -> torch.Tensor:
+    return torch.empty(0)
+
+
+# --- messages --------------------------------------------------------------------------------
+@dataclass
+class Setup:
+    """An owner's set-up (to a graph server, from its machine's trainer). meta: dict(kind, in_dim,
+    hidden, out_dim, layers, dropout, heads, fanouts, bits, seed, fusion); halo_ids: local ids of
+    halo nodes, halo_x: their input features; boundary: local ids of own nodes that are halo
+    nodes of other machines (the only own rows anyone reads from the histories)."""
+    meta: dict
+    halo_ids: torch.Tensor
+    halo_x: torch.Tensor
+    boundary: torch.Tensor
+
+
+@dataclass
+class Weights:
+    """The model's parameters the owners compute with (every layer but the top) and their
+    version (the trainer's step)."""
+    version: int
+    names: List[str]
+    tensors: List[torch.Tensor]
+
+
+@dataclass
+class HistoryRows:
+    """Rows of history `layer` for local ids `ids`, already quantized, with their stamps."""
+    layer: int
+    ids: torch.Tensor
+    codes: torch.Tensor
+    scale: torch.Tensor
+    offset: torch.Tensor
+    stamp: torch.Tensor
+
+    @classmethod
+    def of(cls, layer: int, ids: torch.Tensor, x: torch.Tensor, version: int, bits: int) -> "HistoryRows":
+        q = quantize(x, bits)
+        return cls(layer, ids, q.codes, q.scale, q.offset, torch.full((len(ids),), version, dtype=torch.int64))
+
+
+@dataclass
+class HistoryPull:
+    """Rows of history layers `layers[i]` for `ids[counts[:i].sum():counts[:i+1].sum()]` (all of
+    `ids` in every layer when `counts` is empty; the answer then lists layer after layer).
+    `global_ids`: ids are global ids of nodes the owner owns (another machine's halo sync), else
+    local ids of the owner's partition. `since` >= 0: only rows stamped after it."""
+    layers: List[int]
+    counts: List[int]
+    ids: torch.Tensor
+    global_ids: bool = False
+    since: int = -1
+
+
+@dataclass
+class Roots:
+    """A trainer's LAMP ask: prepare h^(L-1) of `roots` (global ids the owner owns); `version`:
+    the trainer's step when it asked."""
+    roots: torch.Tensor
+    version: int
+
+
+@dataclass
+class Rows:
+    """Quantized rows (codes, scale, offset) and, for history rows, their stamps and which asked
+    rows they are (`sel`, None = all, in order). A LAMP answer also carries the ages of the
+    history rows the owner used, the version of the weights it computed with, and `counts` of
+    (node, layer) computations (computed, without request fusion, without any fusion: see
+    graph.fusion_counts) plus the number of requests that one computation answered. A computation
+    shared by several requests reports its ages and counts in one answer only (the others carry
+    zeros)."""
+    codes: torch.Tensor = field(default_factory=_empty)
+    scale: torch.Tensor = field(default_factory=_empty)
+    offset: torch.Tensor = field(default_factory=_empty)
+    stamp: Optional[torch.Tensor] = None
+    sel: Optional[torch.Tensor] = None
+    ages: Tuple[int, int, int] = (0, 0, 0)
+    version: int = -1
+    counts: Tuple[int, int, int, int] = (0, 0, 0, 0)
+
+    @property
+    def q(self) -> QRows:
+        return QRows(self.codes, self.scale, self.offset)
+
+
+@dataclass
+class GradRows:
+    """grad=push: the loss's gradient with respect to the h^(L-1) an owner answered for `roots`
+    (global ids), quantized like the answers."""
+    roots: torch.Tensor
+    codes: torch.Tensor
+    scale: torch.Tensor
+    offset: torch.Tensor
+
+
+@dataclass
+class Grads:
+    """Parameter gradients an owner computed from pushed rows (by name), and how many rows."""
+    names: List[str] = field(default_factory=list)
+    rows: int = 0
+    tensors: List[torch.Tensor] = field(default_factory=list)
+
+
+def flat(msg) -> tuple:
+    """A message's fields in order, a trailing `tensors` list spread (DGL's RPC sends the
+    top-level tensors of a tuple as raw buffers)."""
+    vals = [getattr(msg, f.name) for f in fields(msg)]
+    return tuple(vals[:-1]) + tuple(vals[-1]) if fields(msg)[-1].name == "tensors" else tuple(vals)
+
+
+def unflat(cls, state):
+    """The message of class `cls` from `flat`'s tuple."""
+    n = len(fields(cls))
+    return cls(*state[:n - 1], list(state[n - 1:])) if fields(cls)[-1].name == "tensors" else cls(*state)
+
+
+# --- the computation -------------------------------------------------------------------------
+def owned_local_ids(pb, gids: torch.Tensor, what: str) -> torch.Tensor:
+    """Local ids of `gids`, global ids that must all be nodes this machine owns (ValueError
+    naming `what` otherwise). Owners check every id they are sent."""
+    gids = gids.long()
+    if len(gids) and not bool((pb.nid2partid(gids) == pb.partid).all()):
+        raise ValueError(f"{what} must be nodes this machine owns")
+    return pb.nid2localnid(gids, pb.partid).long()
+
+
+def add_grads(acc: Dict[str, torch.Tensor], grads) -> None:
+    """Sum (name, gradient) pairs into `acc` (grad=push: owner gradients waiting for an all-reduce)."""
+    for name, g in grads:
+        acc[name] = acc[name] + g if name in acc else g
+
+
+def prepare(lg, model, feat, halo_x, history, roots_local, fanouts, version: int,
+            write_back: Optional[torch.Tensor] = None, fusion: bool = True, groups=None):
+    """LAMP at an owner: h^(len(fanouts)) of `roots_local` (unique) through the model's first
+    len(fanouts) layers, on the locality-aware computation graph; halo leaves of block k >= 1
+    read history layer k; fresh rows of the nodes flagged in `write_back` (a mask over local ids:
+    the nodes other machines read, all when None) are written back to the histories. `groups`:
+    positions in `roots_local` of each merged request's roots (for the counts). fusion=False
+    computes the unfolded graph (graph.unfold: every path once), as if nothing were shared.
+    Returns (h, ages of history rows used, graph.fusion_counts)."""
+    cg = lg.build(roots_local, fanouts)
+    counts = fusion_counts(cg, groups)
+    if not fusion:
+        cg = unfold(cg)
+        counts = (counts[2],) * 3  # computed = what would be without fusion: nothing saved
+    h = torch.cat([feat[cg.inner_src[0]].float(), halo_x[cg.leaves[0]]])
+    ages = []
+    for k, block in enumerate(cg.blocks):
+        if k > 0:
+            rows, age = history.pull(k, cg.leaves[k], version)
+            ages.append(age)
+            h = torch.cat([h, rows])
+        h = model.layer_forward(k, block, h)
+        if k + 1 > history.layers:
+            continue
+        keep = torch.ones(len(h), dtype=torch.bool) if write_back is None else write_back[cg.dst[k]]
+        if bool(keep.any()):
+            history.push(k + 1, cg.dst[k][keep], h[keep], version)
+    return h, ages, counts
+
+
+def history_rows(history: History, pull: HistoryPull, pb=None) -> Rows:
+    """The answer to `pull` from `history`; `pb`, the partition book, is needed for global ids."""
+    ids = owned_local_ids(pb, pull.ids, "HistoryPull global ids") if pull.global_ids else pull.ids.long()
+    parts, stamps, sels, start = [], [], [], 0
+    shared = len(pull.counts) == 0  # the same ids for every layer (the halo sync)
+    for layer, n in zip(pull.layers, [len(ids)] * len(pull.layers) if shared else pull.counts):
+        chunk = ids if shared else ids[start:start + n]
+        q, stamp = history.pull_codes(layer, chunk)
+        if pull.since >= 0:
+            keep = torch.nonzero(stamp > pull.since).flatten()
+            q, stamp = QRows(*(t[keep] if len(t) else t for t in q)), stamp[keep]
+            sels.append(keep + start)
+        parts.append(q)
+        stamps.append(stamp)
+        start += n
+    if not shared and start != len(ids):
+        raise ValueError(f"HistoryPull: counts add up to {start}, got {len(ids)} ids")
+    cat = [torch.cat([p[i] for p in parts]) if parts else torch.empty(0) for i in range(3)]
+    return Rows(cat[0], cat[1], cat[2], torch.cat(stamps) if stamps else None, torch.cat(sels) if sels else None)
+
+
+class Owner:
+    """One machine's owner state and what it does with each message. `history` may be shared with
+    the process's trainer (engine=trainer: a History with a lock)."""
+
+    def __init__(self, lg, feat, halo_x, boundary, model, meta: dict, history: History):
+        self.lg, self.feat, self.halo_x, self.boundary, self.meta = lg, feat, halo_x, boundary, meta
+        self.model = model.eval()
+        self.history = history
+        self.version = -1
+        self.gen = torch.Generator().manual_seed(int(meta.get("seed", 0)))
+        self.grads: Dict[str, torch.Tensor] = {}  # grad=push: from pushed rows, not yet taken
+        self.grad_rows = 0
+
+    @classmethod
+    def build(cls, lg, feat, setup: Setup) -> "Owner":
+        """An owner from its trainer's set-up (a fresh model replica and empty histories)."""
+        from degnn.models import GNN
+
+        m = setup.meta
+        model = GNN(m["kind"], m["in_dim"], m["hidden"], m["out_dim"], m["layers"], m["dropout"], m["heads"])
+        # h^(1..L-2): the layers read as leaves (the top hidden layer, h^(L-1), is always prepared
+        # fresh by the owners, so its history would never be read)
+        history = History(lg.num_nodes, m["hidden"], m["layers"] - 2, m["bits"])
+        halo_x = torch.zeros(lg.num_nodes, feat.shape[1])
+        halo_x[setup.halo_ids] = setup.halo_x.float()
+        boundary = torch.zeros(lg.num_nodes, dtype=torch.bool)
+        boundary[setup.boundary.long()] = True
+        return cls(lg, feat, halo_x, boundary, model, dict(m), history)
+
+    def check_weights(self) -> None:
+        if self.version < 0:
+            raise RuntimeError("LAMP request before any weights reached this owner (no SetWeights yet)")
+
+    def load(self, w: Weights) -> None:
+        unknown = self.model.load_state_dict(dict(zip(w.names, w.tensors)), strict=False).unexpected_keys
+        if unknown:
+            raise KeyError(f"unknown parameters {unknown}")
+        self.version = max(self.version, int(w.version))
+
+    def store(self, rows: HistoryRows) -> None:
+        self.history.push_codes(rows.layer, rows.ids.long(), QRows(rows.codes, rows.scale, rows.offset),
+                                rows.stamp.long())
+
+    def rows(self, pull: HistoryPull, pb=None) -> Rows:
+        return history_rows(self.history, pull, pb)
+
+    @torch.no_grad()
+    def answer(self, groups: List[torch.Tensor]) -> List[Rows]:
+        """The answers to LAMP asks merged into one computation graph (`groups`: each ask's roots,
+        local ids; level-1 fusion): h^(L-1) of each ask's roots, quantized. The first answer
+        carries the ages of the history rows used and the counts; the computation they share
+        reports them once."""
+        self.check_weights()
+        if not self.meta.get("fusion", True) and len(groups) > 1:  # every ask on its own, unfolded
+            return [a for g in groups for a in self.answer([g])]
+        local, inverse = torch.unique(torch.cat(groups), return_inverse=True)
+        split = torch.split(inverse, [len(g) for g in groups])
+        h, ages, counts = prepare(self.lg, self.model, self.feat, self.halo_x, self.history, local,
+                                  self.meta["fanouts"][:-1], self.version, self.boundary,
+                                  fusion=self.meta.get("fusion", True), groups=split)
+        out = []
+        for i, idx in enumerate(split):
+            q = quantize(h[idx], self.meta["bits"], generator=self.gen)
+            out.append(Rows(q.codes, q.scale, q.offset, version=self.version,
+                            ages=ages_summary(ages) if i == 0 else (0, 0, 0),
+                            counts=tuple(counts) + (len(groups),) if i == 0 else (0, 0, 0, 0)))
+        return out
+
+    def backprop(self, push: GradRows, pb) -> Dict[str, torch.Tensor]:
+        """grad=push: the gradient rows of h^(L-1) of the pushed roots, backpropagated into the
+        model's lower layers (the top one only trainers run) through a fresh computation graph below
+        the roots (owners keep no per-request autograd state), by parameter name."""
+        m = self.meta
+        roots = owned_local_ids(pb, push.roots, "pushed gradient rows' roots")
+        grad_rows = dequantize(QRows(push.codes, push.scale, push.offset), m["bits"], m["hidden"])
+        top = f"layers.{m['layers'] - 1}."
+        params = [(n, p) for n, p in self.model.named_parameters() if not n.startswith(top)]
+        with torch.enable_grad():
+            h, _, _ = prepare(self.lg, self.model, self.feat, self.halo_x, self.history, roots, m["fanouts"][:-1],
+                              self.version, torch.zeros(self.lg.num_nodes, dtype=torch.bool))  # no write-back
+            grads = torch.autograd.grad(h, [p for _, p in params], grad_rows, allow_unused=True)
+        return {name: g for (name, _), g in zip(params, grads) if g is not None}
+
+    def keep_grads(self, grads: Dict[str, torch.Tensor], rows: int) -> None:
+        add_grads(self.grads, grads.items())
+        self.grad_rows += rows
+
+    def take_grads(self) -> Grads:
+        """The parameter gradients kept since the last take (then cleared)."""
+        names = sorted(self.grads)
+        out = Grads(names, self.grad_rows, [self.grads[n] for n in names])
+        self.grads, self.grad_rows = {}, 0
+        return out
