@@ -26,7 +26,7 @@ from degnn.launch.preflight import check_config, check_run_dir
 
 import fake_entry
 from netns_support import needs_netns
-from timing import budget
+from timing import budget, interrupt_when
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -53,15 +53,19 @@ def _one_error_line(r) -> str:
 
 
 # ---- refused before anything starts ------------------------------------------------------------
+def _tmpfs(path: Path, options: str):
+    """A small tmpfs mounted at `path` for the test (skipped without root), unmounted after."""
+    path.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip(f"mounting a tmpfs ({options}) needs root")
+    yield path
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
 @pytest.fixture
 def readonly_dir(tmp_path):
-    d = tmp_path / "ro"
-    d.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(d)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a read-only tmpfs needs root")
-    yield d
-    subprocess.run(["umount", str(d)], capture_output=True)
+    yield from _tmpfs(tmp_path / "ro", "ro,size=64k")
 
 
 def test_unusable_run_directories_are_one_line(tmp_path, readonly_dir):
@@ -273,13 +277,7 @@ def test_a_third_ctrl_c_leaves_and_says_what_it_left(part, tmp_path):
 
 @pytest.fixture
 def tiny_disk(tmp_path):
-    d = tmp_path / "disk"
-    d.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    yield d
-    subprocess.run(["umount", "-l", str(d)], capture_output=True)
+    yield from _tmpfs(tmp_path / "disk", "size=64k")
 
 
 def test_a_full_disk_leaves_no_broken_summary_and_says_so(part, tiny_disk):
@@ -382,21 +380,14 @@ def test_cleanup_removes_a_partition_half_written_by_a_killed_launcher(tmp_path)
 def test_ctrl_c_while_torch_imports_is_one_line(tmp_path):
     p = subprocess.Popen([PY, "-m", "degnn.launch", f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + budget(60)
-        while time.monotonic() < deadline and p.poll() is None:
-            try:
-                if "libtorch" in Path(f"/proc/{p.pid}/maps").read_text():
-                    break
-            except OSError:
-                pass
-            time.sleep(0.01)
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=budget(60))
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
+
+    def torch_loading():
+        try:
+            return "libtorch" in Path(f"/proc/{p.pid}/maps").read_text()
+        except OSError:
+            return False
+
+    out, err = interrupt_when(p, torch_loading)
     lines = [l for l in err.splitlines() if l.strip()]
     assert p.returncode == 130 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
     assert lines[0].startswith("degnn.launch: error: interrupted")

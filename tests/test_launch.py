@@ -22,7 +22,7 @@ from degnn.launch import ssh
 from degnn.launch.netns import parse_rate
 
 import fake_entry
-from timing import budget
+from timing import budget, interrupt_when
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -453,23 +453,11 @@ def test_ssh_preflight_names_the_host_and_the_fix(parts, tmp_path, monkeypatch):
 
 
 def test_ctrl_c_while_the_dataset_builds_is_one_line(tmp_path):
-    import signal
     data = tmp_path / "data"
     p = subprocess.Popen([PY, "-m", "degnn.launch", "dataset=synthetic-small", f"dataset.root={data}",
                           f"partition.root={tmp_path / 'parts'}", f"hydra.run.dir={tmp_path / 'run'}"],
                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + budget(120)
-        while time.monotonic() < deadline and p.poll() is None and not data.exists():
-            time.sleep(0.05)
-        assert p.poll() is None, p.communicate()[1][-2000:]
-        time.sleep(0.5)
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=budget(60))
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
+    out, err = interrupt_when(p, data.exists, wait_s=120, settle_s=0.5)
     lines = [l for l in err.splitlines() if l.strip()]
     assert p.returncode == 130 and len(lines) == 1, err[-3000:]
     assert lines[0] == ("degnn.launch: error: interrupted while preparing the dataset and partitions; "

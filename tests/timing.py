@@ -32,3 +32,22 @@ def scale() -> float:
 
 def budget(seconds: float) -> float:
     return seconds * scale()
+
+
+def interrupt_when(p, ready, wait_s: float = 60.0, settle_s: float = 0.0):
+    """SIGINT to the process `p` once `ready()` holds (or it exited, or `wait_s` passed), then
+    its (stdout, stderr); `p` is killed if it outlives the test."""
+    import signal
+    import time
+
+    try:
+        deadline = time.monotonic() + budget(wait_s)
+        while time.monotonic() < deadline and p.poll() is None and not ready():
+            time.sleep(0.01)
+        time.sleep(settle_s)
+        p.send_signal(signal.SIGINT)
+        return p.communicate(timeout=budget(60))
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()

@@ -397,31 +397,28 @@ class Supervisor:
         self.say(f"{r.proc.describe()} pid {r.popen.pid} {why}; stopped; log: {r.proc.log}; "
                  f"the other trainers go on without it")
 
-    def _hung(self, out: Outcome, r: Running, age: float) -> Outcome:
+    def _report(self, out: Outcome, r: Running, returncode, message: str) -> Outcome:
+        """The fault line of a failed process, then the tail of its log."""
         self.muted.set()
         p = r.proc
-        state = process_state(r.popen.pid)
-        out.failed, out.returncode = p, None
-        out.message = (f"{p.describe()} pid {r.popen.pid} made no progress for {age:.0f}s "
-                       f"(cluster.hang_timeout_s={self.hang_timeout_s:g}"
-                       f"{', process ' + state if state else ''}); log: {p.log}"
-                       f"{disk_note(os.path.dirname(p.log))}; stopping every process")
-        self.say(out.message)
+        out.failed, out.returncode, out.message = p, returncode, message
+        self.say(message)
         for line in _tail(p.log):
             self.say(f"  {p.name}| {line}")
         return out
 
+    def _hung(self, out: Outcome, r: Running, age: float) -> Outcome:
+        p, state = r.proc, process_state(r.popen.pid)
+        return self._report(out, r, None, (
+            f"{p.describe()} pid {r.popen.pid} made no progress for {age:.0f}s "
+            f"(cluster.hang_timeout_s={self.hang_timeout_s:g}{', process ' + state if state else ''}); "
+            f"log: {p.log}{disk_note(os.path.dirname(p.log))}; stopping every process"))
+
     def _fault(self, out: Outcome, r: Running, rc: int) -> Outcome:
-        self.muted.set()
         p = r.proc
-        out.failed, out.returncode = p, rc
-        out.message = (f"{p.describe()} pid {r.popen.pid} {self.describe(r, rc)}"
-                       f"{_error_of(p.log)}; log: {p.log}{disk_note(os.path.dirname(p.log))}; "
-                       f"stopping every other process")
-        self.say(out.message)
-        for line in _tail(p.log):
-            self.say(f"  {p.name}| {line}")
-        return out
+        return self._report(out, r, rc, (
+            f"{p.describe()} pid {r.popen.pid} {self.describe(r, rc)}{_error_of(p.log)}; log: {p.log}"
+            f"{disk_note(os.path.dirname(p.log))}; stopping every other process"))
 
 
 def _error_of(log: str) -> str:
