@@ -17,8 +17,9 @@ PLUGINS = REPO / "tests" / "plugins"
 
 
 def test_nothing_outside_the_plugin_names_it():
+    """No code or config of degnn names it (the README shows how to run it)."""
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split()
-    naming = [f for f in tracked if not f.startswith("tests/")
+    naming = [f for f in tracked if not f.startswith("tests/") and not f.endswith(".md")
               and "localsgd" in (REPO / f).read_text(errors="ignore")]
     assert naming == []
 
