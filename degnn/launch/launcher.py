@@ -296,9 +296,9 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
                 return ssh.ssh_argv(p, host, workspace=cl.workspace, port=cl.ssh_port,
                                     user=cl.ssh_user, extra_env=env)
 
-            def kill_remote():  # every command line carries hydra.run.dir=<run_dir>
+            def kill_remote():  # every command line carries -m <entry> ... hydra.run.dir=<run_dir>
                 for host in ssh.hosts_of(plan.machines):
-                    subprocess.run(ssh.kill_argv(host, run_dir,
+                    subprocess.run(ssh.kill_argv(host, run_dir, entry=plan.procs[0].argv[2],
                                                  port=cl.ssh_port, user=cl.ssh_user),
                                    stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
             on_stop = kill_remote

@@ -4,8 +4,8 @@ Like DGL's tools/launch.py: `ssh -o StrictHostKeyChecking=no -p <port> [user@]ip
 'cd <workspace>; (export K=V ...; <cmd>)'`, one ssh per process. The run directory, partitions and
 dataset are passed as absolute paths, so the machines must see them at the same paths (a shared
 file system, as with launch.py's workspace). ssh does not forward signals to the remote command, so
-stopping a process means `pkill -f` on its host for a pattern unique to this run (the run
-directory, which is on every command line).
+stopping a process means `pkill -f` on its host for a pattern unique to this run (the entry
+module and the run directory, which are on every command line).
 
 DEGNN_* variables of the launcher's environment are exported to every remote process too, and
 GLOO_SOCKET_IFNAME to every trainer: `cluster.ifname`, or per host the interface that routes to
@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from degnn.runtime.cluster import read_ip_config  # noqa: F401  (ssh.read_ip_config)
 
-from .plan import LaunchError, Proc
+from .plan import DEFAULT_ENTRY, LaunchError, Proc
 
 
 def ssh_base(host: str, port: int = 22, user: Optional[str] = None) -> List[str]:
@@ -62,40 +62,17 @@ def ssh_argv(proc: Proc, host: str, *, workspace: Optional[str], port: int = 22,
 # towards the probe address (the first machine of ip_config, MASTER_ADDR), as DGL's RPC client
 # picks its own address. Last line of stdout: `ifname <name>` (empty where none is found).
 CHECK = r"""
-import importlib, os, socket, sys
+import importlib, os, sys
 for m in ('degnn', 'dgl', 'hydra'):
     try: importlib.import_module(m)
     except Exception as e: sys.exit(f'cannot import {m} ({type(e).__name__}: {e})')
 probe, given, files = sys.argv[1], sys.argv[2], sys.argv[3:]
 for f in files:
     if not os.access(f, os.R_OK): sys.exit(f'cannot read {f}')
-names = [n for _, n in socket.if_nameindex()]
-if given:
-    if given not in names:
-        sys.exit(f'no network interface {given} (it has {", ".join(names)})')
-    print('ifname', given); sys.exit(0)
-def source_address(addr):
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((addr, 1))
-        return s.getsockname()[0]
-def address_of(name):
-    import fcntl, struct
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        got = fcntl.ioctl(s.fileno(), 0x8915, struct.pack('256s', name.encode()[:15]))  # SIOCGIFADDR
-    return socket.inet_ntoa(got[20:24])
-try:
-    local = source_address(probe)
-except OSError:
-    local = None
-found = ''
-for name in names:
-    try:
-        if local and address_of(name) == local:
-            found = name
-            break
-    except OSError:
-        pass
-print('ifname', found)
+from degnn.runtime.netif import interface_towards, interfaces
+if given and given not in interfaces():
+    sys.exit(f'no network interface {given} (it has {", ".join(interfaces())})')
+print('ifname', given or interface_towards(probe) or '')
 """
 
 
@@ -151,17 +128,22 @@ def check_hosts(hosts: Sequence[str], python: str, files: Sequence[str], *,
     return found
 
 
-def run_pattern(run_dir: str) -> str:
-    """pkill -f regex for the processes of one run: every command line has hydra.run.dir=<dir>.
-
-    The bracket keeps the pattern from matching the remote shell that runs pkill itself."""
-    esc = "".join("\\" + c if c in ".[]()*+?{}|^$\\" else c for c in run_dir)
-    return f"[h]ydra\\.run\\.dir={esc}( |$)"
+def _regex_escape(text: str) -> str:
+    return "".join("\\" + c if c in ".[]()*+?{}|^$\\" else c for c in text)
 
 
-def kill_argv(host: str, run_dir: str, *, port: int = 22, user: Optional[str] = None,
-              sig: str = "TERM") -> List[str]:
-    return [*ssh_base(host, port, user), f"pkill -{sig} -f -- {shlex.quote(run_pattern(run_dir))}"]
+def run_pattern(run_dir: str, entry: str = DEFAULT_ENTRY) -> str:
+    """pkill -f regex for the processes of one run: every command line is `... -m <entry> ...
+    hydra.run.dir=<dir>`. The entry keeps a launcher started with hydra.run.dir=<dir> on one of
+    the hosts from matching; the bracket keeps the pattern from matching the remote shell that
+    runs pkill itself."""
+    return f"-m {_regex_escape(entry)} (.* )?[h]ydra\\.run\\.dir={_regex_escape(run_dir)}( |$)"
+
+
+def kill_argv(host: str, run_dir: str, *, entry: str = DEFAULT_ENTRY, port: int = 22,
+              user: Optional[str] = None, sig: str = "TERM") -> List[str]:
+    return [*ssh_base(host, port, user),
+            f"pkill -{sig} -f -- {shlex.quote(run_pattern(run_dir, entry))}"]
 
 
 def hosts_of(machines: Sequence[Tuple[str, int]]) -> List[str]:

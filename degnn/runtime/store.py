@@ -27,14 +27,16 @@ class ProcessGroupError(RuntimeError):
 
 
 def bound_address(error: str) -> str:
-    """The address gloo bound: from its error (`local=[ADDR]:PORT`), else what it would bind
+    """The address gloo bound: from its error (`local=[ADDR]:PORT`), else what it binds
     (GLOO_SOCKET_IFNAME's interface, or the address of the host name)."""
     m = re.search(r"local=\[([^\]]+)\]", error)
     if m:
         return m.group(1)
     ifname = os.environ.get("GLOO_SOCKET_IFNAME")
     if ifname:
-        return f"the address of {ifname}"
+        from degnn.runtime.netif import address_of
+
+        return address_of(ifname) or f"the address of {ifname}"
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
