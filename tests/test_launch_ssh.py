@@ -208,7 +208,7 @@ def test_ssh_cluster_on_two_network_namespaces(sshd, part2, tmp_path):
             t0 = time.monotonic()
             r = subprocess.run([PY, "-m", "degnn.launch", "cluster=ssh", f"cluster.ip_config={ipc}",
                                 f"cluster.ssh_port={port}", "dataset=synthetic-tiny",
-                                "train.epochs=2", f"hydra.run.dir={real}"],
+                                "train.epochs=3", "train.batch_size=128", f"hydra.run.dir={real}"],
                                cwd=REPO, env=sshd["env"], capture_output=True, text=True,
                                timeout=budget(180))
             took_real = time.monotonic() - t0
