@@ -201,6 +201,9 @@ def test_ssh_machine_count_is_ip_configs_lines(tmp_path):
     assert count_ip_config(cl, ["cluster.machines=3"], 3) == []
     msg = one_line_error(lambda: count_ip_config(cl, ["cluster.machines=2"], 3))
     assert msg.startswith(f"cluster.machines=2 but cluster.ip_config {ipc} lists 3 machines")
+    msg = one_line_error(lambda: make_plan(cfg_of("cluster=netns", "cluster.ifname=eth1"),
+                                           str(tmp_path / "run"), "unused.json", []))
+    assert msg.startswith("cluster.ifname=eth1 is for cluster=ssh")
 
 
 def test_ssh_ip_config_and_commands(parts, tmp_path):
