@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench bench-quick clean cleanup
+.PHONY: setup demo test bench bench-quick clean clean-runs cleanup
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
@@ -35,5 +35,9 @@ bench-quick: setup
 cleanup:
 	$(VPY) -m degnn.launch --cleanup
 
+# the venv and caches; every run's results and checkpoints stay (make clean-runs removes them)
 clean:
-	rm -rf $(VENV) runs outputs multirun .pytest_cache
+	rm -rf $(VENV) outputs multirun .pytest_cache
+
+clean-runs:
+	rm -rf runs

@@ -1,9 +1,11 @@
-"""The benchmark report: every run's summary.json under a results folder -> report.md + PNG plots.
+"""The benchmark report: every run's summary.json under a results folder -> report.md + PNG plots,
+and runs.csv (one row per run, a column per summary key).
 
 `python -m benchmarks.report <results folder>` rewrites the report of an earlier `make bench`.
 """
 from __future__ import annotations
 
+import csv
 import json
 import sys
 from collections import defaultdict
@@ -669,10 +671,46 @@ def plot_bytes(runs: List[dict], path: Path) -> Optional[Path]:
     return _save(fig, path)
 
 
+CSV_FIRST = ("run", "status", "pipeline", "variant", "dataset", "model", "layers", "machines", "trainers",
+             "bandwidth", "best_val", "test", "train_time_s", "epochs")
+
+
+def _scalar(v) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
+def csv_row(s: dict) -> Dict[str, object]:
+    """A summary's scalar keys as they are, a dict of scalars as `key.sub` columns (lists left out)."""
+    row: Dict[str, object] = {"run": s["_rel"]}
+    for k, v in s.items():
+        if k.startswith("_"):
+            continue
+        if _scalar(v):
+            row[k] = v
+        elif isinstance(v, dict):
+            row.update({f"{k}.{sub}": x for sub, x in v.items() if _scalar(x)})
+    return row
+
+
+def write_csv(runs: List[dict], path: Path) -> Path:
+    """runs.csv: one row per run (failed ones too), the columns of every run's summary; empty
+    cells where a run has no such key."""
+    rows = [csv_row(s) for s in sorted(runs, key=lambda s: s["_rel"])]
+    keys = {k for r in rows for k in r}
+    columns = [k for k in CSV_FIRST if k in keys] + sorted(keys - set(CSV_FIRST))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, restval="")
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
 def write_report(results: Path, title: str = "degnn benchmark") -> Path:
     results = Path(results)
     runs = collect(results)
-    lines = [f"# {title}", "", f"Results folder: `{results}`; {len(runs)} runs.", "",
+    table_csv = write_csv(runs, results / "runs.csv")
+    lines = [f"# {title}", "", f"Results folder: `{results}`; {len(runs)} runs (every summary key of "
+             f"each: `{table_csv.name}`).", "",
              "Bytes per batch are per trainer and training step: on the wire = bytes the machines' "
              "network interfaces sent during training (netns veth counters), application = what degnn "
              "counted (sampling RPCs and feature pulls that cross machines, gradient all-reduce).", ""]

@@ -75,6 +75,9 @@ class TrainConfig:
     checkpoint_every: int = 1
     # rank 0 trains its epochs under cProfile and writes <run dir>/profile_rank0.txt
     profile: bool = False
+    # the writer's TensorBoard event files next to curve.jsonl (needs the tensorboard package;
+    # without it one info line says there are none)
+    tensorboard: bool = True
     # stop after the epoch during which training time (evaluation excluded) reached this many
     # seconds (0 = no limit): a wall-time budget like pipeline=tma's time_limit, for benchmarks
     time_limit_s: float = 0.0

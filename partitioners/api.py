@@ -298,6 +298,15 @@ def _cached(out: Path, settings: Dict[str, Any]) -> Optional[Path]:
     return Path(meta["_path"])
 
 
+def planned_partitions(dataset_cfg, partition_cfg):
+    """(the partition JSON `ensure_partitions` returns, whether it is already built), reading
+    only the cache folder: what a dry run prints without loading the dataset."""
+    _validate(str(partition_cfg.method), partition_cfg.num_parts, None, str(dataset_cfg.name))
+    out = cache_dir(dataset_cfg, partition_cfg)
+    hit = _cached(out, _settings(dataset_cfg, partition_cfg))
+    return (hit, True) if hit is not None else (out / f"{dataset_cfg.name}.json", False)
+
+
 def ensure_partitions(dataset_cfg, partition_cfg) -> Path:
     """The partition JSON of `dataset_cfg` cut by `partition_cfg`, partitioning only if needed.
 

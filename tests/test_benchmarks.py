@@ -40,6 +40,27 @@ def test_report_compares_with_the_reference_and_across_layers(tmp_path):
     assert (tmp_path / "bytes_per_batch.png").stat().st_size > 1000
 
 
+def test_report_writes_every_runs_summary_as_one_csv(tmp_path):
+    import csv
+
+    fake_run(tmp_path, "dist/0", pipeline="distdgl", layers=2, test=0.52, best_val=0.53, dataset="wordnet",
+             epoch_times_s=[1.0, 2.0], time_per_batch_s={"compute": 0.25, "sampling": 0.5})
+    fake_run(tmp_path, "tma/0", pipeline="tma", variant="random", layers=2, test=0.5, rounds=4,
+             dataset="wordnet", trainers_dead_ranks=[])
+    (tmp_path / "broken" / "0").mkdir(parents=True)
+    (tmp_path / "broken" / "0" / "launch.log").write_text("trainer rank 1 died\n")
+    write_report(tmp_path)
+    with open(tmp_path / "runs.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["run"] for r in rows] == ["broken/0", "dist/0", "tma/0"]
+    assert rows[0]["status"] == "failed" and rows[1]["status"] == rows[2]["status"] == "ok"
+    assert list(rows[0])[:4] == ["run", "status", "pipeline", "variant"]
+    dist, tma = rows[1], rows[2]
+    assert float(dist["test"]) == 0.52 and dist["time_per_batch_s.sampling"] == "0.5"
+    assert tma["rounds"] == "4" and dist["rounds"] == "" and tma["variant"] == "random"
+    assert "epoch_times_s" not in dist and "trainers_dead_ranks" not in tma  # lists stay in summary.json
+
+
 @pytest.mark.parametrize("bench", ["default", "quick", "ogb", "parity"])
 def test_bench_configs_compose(bench):
     register_configs()

@@ -415,6 +415,50 @@ def test_cli_refuses_before_partitioning(tmp_path, overrides, expect):
     assert not (tmp_path / "parts").exists() and not (tmp_path / "data").exists()
 
 
+def test_cli_dry_run_prints_the_plan_before_building_anything(tmp_path):
+    from partitioners import ensure_partitions, planned_partitions
+
+    r = _cli(tmp_path, "cluster=netns", "cluster.machines=2", "cluster.dry_run=true")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "  rank1 [trainer]" in r.stdout and "  server1 [server]" in r.stdout
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("partitions: ") and last.endswith(" (not built yet: a real run builds it first)")
+    assert not (tmp_path / "parts").exists() and not (tmp_path / "data").exists()
+    # the partition the plan names is the one a real run builds (and then finds)
+    cfg = cfg_of("cluster=netns", "cluster.machines=2", f"partition.root={tmp_path / 'parts'}",
+                 f"dataset.root={tmp_path / 'data'}")
+    planned = last.split()[1]
+    assert f"DGL_CONF_PATH={planned}" in r.stdout
+    assert str(ensure_partitions(cfg.dataset, cfg.partition)) == planned
+    assert planned_partitions(cfg.dataset, cfg.partition) == (Path(planned), True)
+
+
+def test_help_describes_the_app_and_lists_the_groups_a_user_picks(tmp_path):
+    r = subprocess.run([PY, "-m", "degnn.launch", "--help"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=budget(60))
+    assert r.returncode == 0, r.stderr
+    text = r.stdout
+    assert "powered by Hydra" not in text and "--cleanup" in text and "cluster.dry_run=true" in text
+    groups = text.split("== Groups (GROUP=OPTION) ==\n", 1)[1].split("\n\n", 1)[0]
+    listed, group = {}, None
+    for line in groups.splitlines():
+        if not line.startswith(" "):
+            group, line = line.split(":", 1)
+        listed.setdefault(group, set()).update(o.strip() for o in line.split(",") if o.strip())
+    conf = Path(CONF_DIR)
+    on_disk = {d.name: {f.stem for f in d.glob("*.yaml")} for d in conf.iterdir()
+               if d.is_dir() and d.name != "bench"}  # bench: `python -m benchmarks`'s own group
+    assert listed == on_disk
+    assert "tma_schema" not in text and "\nbench:" not in text
+
+
+def test_cleanup_is_taken_anywhere_on_the_command_line():
+    r = subprocess.run([PY, "-m", "degnn.launch", "train.epochs=1", "--cleanup"], cwd=REPO,
+                       capture_output=True, text=True, timeout=budget(60))
+    # the clean-up's own argument check answered: no run was composed or started
+    assert r.returncode == 2 and "--cleanup takes only partition.root=DIR, got train.epochs=1" in r.stderr
+
+
 def test_cli_resume_with_another_model_is_refused_before_partitioning(tmp_path):
     import torch
     prev = tmp_path / "prev"

@@ -7,6 +7,7 @@ With the real entry (degnn.train): a distdgl run and a SIGKILLed trainer.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -222,6 +223,14 @@ def test_real_distdgl_run(tmp_path):
     assert [c["epoch"] for c in curve] == [1, 2, 3]
     best = max(curve, key=lambda c: c["val"])  # max() keeps the first of equal values
     assert (s["best_val"], s["test"], s["best_epoch"]) == (best["val"], best["test"], best["epoch"])
+    if importlib.util.find_spec("tensorboard") is not None:  # rank 0's event file, with its bytes
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator(str(run_dir))
+        acc.Reload()
+        assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3]
+        assert all(e.value > 0 for e in acc.Scalars("bytes_per_batch/features"))
+        assert all(e.value > 0 for e in acc.Scalars("time_per_batch_s/compute"))
     assert "result: pipeline=distdgl" in r.stdout
     assert time.monotonic() - t0 < 110
     assert not fake_entry.processes_mentioning(str(run_dir))

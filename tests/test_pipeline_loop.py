@@ -190,3 +190,60 @@ def test_a_checkpoint_that_would_run_code_is_refused(tmp_path):
     torch.save({"model": {}, "optimizer": {}, "state": {}, "rng": [Evil()]}, tmp_path / "checkpoint.pt")
     msg = resume_error(tmp_path, tmp_path)
     assert "refers to print" in msg and "refused" in msg
+
+
+# ---- TensorBoard event files (degnn/metrics/tracking.py) ------------------------------------------
+def scalars(run_dir: Path) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_event_files_hold_every_curve_line(tmp_path):
+    pytest.importorskip("tensorboard")
+    s = run(tmp_path, "train.epochs=3", losses=[1.0, 0.5, 0.25], vals=[0.5, 0.8, 0.6], tests=[0.1, 0.2, 0.3])
+    assert list(tmp_path.glob("events.out.tfevents.*"))
+    tb = scalars(tmp_path)
+    approx = lambda pts: [(step, pytest.approx(v)) for step, v in pts]  # noqa: E731 (float32 values)
+    assert tb["train/loss"] == approx([(1, 1.0), (2, 0.5), (3, 0.25)])
+    assert tb[f"eval/val_{s['metric']}"] == approx([(1, 0.5), (2, 0.8), (3, 0.6)])
+    assert tb[f"eval/test_{s['metric']}"] == approx([(1, 0.1), (2, 0.2), (3, 0.3)])
+    # the scripted step counts 50 all-reduce bytes per batch
+    assert tb["bytes_per_batch/allreduce"] == approx([(1, 50), (2, 50), (3, 50)])
+    assert tb["bytes_per_batch/app"] == tb["bytes_per_batch/allreduce"]
+    sampling = [v for _, v in tb["time_per_batch_s/sampling"]]
+    assert len(sampling) == 3 and all(v > 0 for v in sampling)
+    assert [v for _, v in tb["run/train_time_s"]] == sorted(v for _, v in tb["run/train_time_s"])
+
+
+def test_event_files_of_a_run_resumed_into_its_own_directory_keep_steps_unique(tmp_path):
+    pytest.importorskip("tensorboard")
+    run(tmp_path, "train.epochs=2")
+    at_2 = (tmp_path / "checkpoint.pt").read_bytes()
+    run(tmp_path, "train.epochs=3", f"resume={tmp_path}")
+    # as if the run had logged epoch 3 and died before checkpointing it
+    (tmp_path / "checkpoint.pt").write_bytes(at_2)
+    s = run(tmp_path, "train.epochs=4", f"resume={tmp_path}", losses=[7.0] * 4)
+    assert s["epochs"] == 4
+    assert scalars(tmp_path)["train/loss"] == [(1, 1.0), (2, 0.5), (3, 7.0), (4, 7.0)]
+    # resumed into a new directory, the old curve lines are written there too
+    other = tmp_path / "next"
+    run(other, "train.epochs=5", f"resume={tmp_path}")
+    assert [step for step, _ in scalars(other)["train/loss"]] == [1, 2, 3, 4, 5]
+
+
+def test_without_tensorboard_one_info_line_and_no_event_files(tmp_path, monkeypatch, caplog):
+    import degnn.metrics.tracking as tracking
+
+    monkeypatch.setattr(tracking, "summary_writer_class", lambda: None)
+    with caplog.at_level(logging.INFO, logger="t"):
+        s = run(tmp_path, "train.epochs=2")
+    assert s["status"] == "ok" and len(strict_curve(tmp_path)) == 2
+    assert not list(tmp_path.glob("events.out.tfevents.*"))
+    lines = [r.getMessage() for r in caplog.records if "tensorboard" in r.getMessage()]
+    assert len(lines) == 1 and "not installed" in lines[0]
+    other = tmp_path / "off"
+    run(other, "train.epochs=1", "train.tensorboard=false")
+    assert not list(other.glob("events.out.tfevents.*"))

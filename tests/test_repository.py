@@ -61,3 +61,13 @@ def test_background_has_the_sections_others_cite():
     for name, body in tracked_text_files():
         cited |= set(re.findall(r'docs/background\.md,\s+"([^"]+)"', body))
     assert cited and cited <= heads, cited - heads
+
+
+def test_make_clean_leaves_the_runs_and_clean_runs_removes_them():
+    def commands(target):
+        r = subprocess.run(["make", "-n", "-C", str(REPO), target], capture_output=True, text=True, check=True)
+        return [line.split() for line in r.stdout.splitlines() if line.startswith("rm ")]
+
+    clean = [w for cmd in commands("clean") for w in cmd]
+    assert ".venv" in clean and "runs" not in clean
+    assert commands("clean-runs") == [["rm", "-rf", "runs"]]

@@ -3,6 +3,7 @@ the supervisor, and real runs on netns clusters (each variant on 2 machines, a d
 a trainer killed mid-run, the evaluating trainer killed mid-run, resume)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -287,6 +288,13 @@ def test_each_variant_trains_averages_and_evaluates_on_two_machines(tmp_path, va
     assert all(c["trainers"] == [0, 1] and set(c["steps"]) == {"0", "1"} for c in curve)
     assert sum(c["averaging_bytes"] for c in curve) == s["averaging_bytes"] - 4 * s["param_bytes"]  # - round 0
     assert curve[1]["train_time_s"] > curve[0]["train_time_s"] >= 4
+    if importlib.util.find_spec("tensorboard") is not None:  # the evaluator's event file, per round
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator(str(run_dir))
+        acc.Reload()
+        assert [e.step for e in acc.Scalars(f"eval/val_{s['metric']}")] == [1, 2]
+        assert [e.value for e in acc.Scalars("run/averaging_bytes")] == [c["averaging_bytes"] for c in curve]
     assert (run_dir / "best_model.pt").is_file() and (run_dir / "tma_rank1.pt").is_file()
     # the averaging itself: after the last round every trainer holds the same model (the mean, or
     # LLCG's correction of it), and it is the model the evaluator scored and checkpointed

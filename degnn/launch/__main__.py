@@ -1,8 +1,10 @@
 """`python -m degnn.launch <hydra overrides>`: start a cluster job (or a sweep of them with -m).
 
 Each Hydra job: build or find the partitions (`partitioners.ensure_partitions`), then run one
-cluster in the job's own output directory. `-m` sweeps run one cluster after another; the
+cluster in the job's own output directory (`cluster.dry_run=true`: print the plan, with the
+partitions it would build, and build nothing). `-m` sweeps run one cluster after another; the
 processes themselves always run a single job (`hydra.run.dir=<that directory>`), never a sweep.
+`--cleanup` (anywhere on the command line) runs cleanup.py instead.
 
 Test-only hook: DEGNN_ENTRY=<module> replaces the per-process entry `degnn.train`
 (tests/fake_entry.py). Nothing else reads it.
@@ -65,7 +67,7 @@ def _print_partition_report(part_config) -> None:
 def main(cfg: DictConfig) -> None:
     from degnn.runtime.cluster import count_ip_config
 
-    from .launcher import launch, machines_of
+    from .launcher import machines_of
 
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
@@ -88,9 +90,18 @@ def main(cfg: DictConfig) -> None:
     except (LaunchError, NotImplementedError, ValueError) as e:
         _fail(str(e))
     try:
-        from partitioners import ensure_partitions
+        from partitioners import ensure_partitions, planned_partitions
     except ImportError as e:
         _fail(f"partitioners.ensure_partitions is not available ({_one_line(e)})")
+    if cfg.cluster.dry_run:  # the plan, with the partitions a real run uses or builds: no dataset
+        try:
+            part_config, built = planned_partitions(cfg.dataset, cfg.partition)
+        except Exception as e:  # noqa: BLE001 - the partitioner's own message (bad method, K)
+            _fail(_one_line(e))
+        if built:
+            _print_partition_report(part_config)
+        _launch(cfg, run_dir, str(part_config), task)
+        return
     # Ctrl-C, SIGTERM or SIGHUP during the build: remembered here as well, because a library
     # that catches every exception (ogb, DGL) may swallow the KeyboardInterrupt and carry on;
     # only the first one raises, so the partitioner's own clean-up is not cut short
@@ -116,8 +127,14 @@ def main(cfg: DictConfig) -> None:
         _fail("interrupted while preparing the dataset and partitions; nothing was started",
               128 + interrupted[0])
     _print_partition_report(part_config)
+    _launch(cfg, run_dir, str(part_config), task)
+
+
+def _launch(cfg, run_dir: str, part_config: str, task: list) -> None:
+    from .launcher import launch
+
     try:
-        rc = launch(cfg, run_dir, str(part_config), task,
+        rc = launch(cfg, run_dir, part_config, task,
                     entry=os.environ.get("DEGNN_ENTRY") or cfg.cluster.entry)
     except LaunchError as e:
         _fail(str(e))
@@ -140,9 +157,9 @@ def _run_dir_args(argv) -> list:
 
 if __name__ == "__main__":
     try:
-        if sys.argv[1:2] == ["--cleanup"]:  # leftovers of launchers that are gone (cleanup.py)
+        if "--cleanup" in sys.argv[1:]:  # leftovers of launchers that are gone (cleanup.py)
             from .cleanup import main as cleanup_main
-            sys.exit(cleanup_main(sys.argv[2:]))
+            sys.exit(cleanup_main([a for a in sys.argv[1:] if a != "--cleanup"]))
         try:
             for key, value in _run_dir_args(sys.argv[1:]):
                 check_run_dir(value, key)

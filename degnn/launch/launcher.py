@@ -76,7 +76,9 @@ def make_plan(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str]
     check_config(cfg)
     cl = cfg.cluster
     machines = machines_of(cl)
-    num_parts = read_part_config(part_config)
+    # a dry run before the partitions are built plans the ones a real run builds (one per machine)
+    unbuilt = cl.dry_run and not Path(part_config).exists()
+    num_parts = int(cfg.partition.num_parts) if unbuilt else read_part_config(part_config)
     if num_parts != len(machines):
         src = cl.ip_config if cl.kind == "ssh" else f"cluster.machines={cl.machines}"
         raise LaunchError(f"{len(machines)} machines ({src}) but {num_parts} partitions in "
@@ -198,6 +200,9 @@ def launch(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str],
     plan = make_plan(cfg, run_dir, part_config, task_overrides, entry)
     if cl.dry_run:
         print(plan.render(), file=out, flush=True)
+        if not Path(part_config).exists():
+            print(f"partitions: {part_config} (not built yet: a real run builds it first)", file=out,
+                  flush=True)
         return 0
     if cl.kind == "local" and not isolated(cl):  # a private machine has ports of its own
         check_ports_free(plan.machines[0][0],

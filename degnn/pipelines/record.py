@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from degnn.metrics import append_curve, breakdown_per_batch, read_curve, write_curve, write_summary
 from degnn.metrics.summary import NOT_PER_BATCH, RunSummary, to_dict
+from degnn.metrics.tracking import Tracker
 from degnn.runtime.checkpoint import BEST_MODEL, CHECKPOINT, CheckpointError, check_resume, config_identity
 
 
@@ -75,6 +76,8 @@ class RunRecord:
         self.state = new_state()
         self.writer: Optional[bool] = None  # a driver may say who writes (else the pipeline's is_writer)
         self.wrote_summary = False
+        self.tracker = Tracker(self.run_dir, bool(self.cfg.train.tensorboard),
+                               pipeline.task.metric, pipeline.log)
 
     @property
     def writes(self) -> bool:
@@ -103,6 +106,7 @@ class RunRecord:
         self.p.wire_train_bytes = counters["wire_train_bytes"]
         for k, v in counters["bytes"].items():
             self.ctx.counter.add(k, v)
+        self.track_from_here()
 
     def continue_curve(self, key: str, upto: int) -> None:
         """The curve continues with the records (`key` <= `upto`) of the run we resume, each once
@@ -110,6 +114,7 @@ class RunRecord:
         if self.writes:
             kept = {rec[key]: rec for rec in read_curve(Path(self.cfg.resume)) if rec.get(key, 0) <= upto}
             write_curve(self.run_dir, [kept[k] for k in sorted(kept)])
+            self.tracker.resumed(Path(self.cfg.resume), [kept[k] for k in sorted(kept)], key, upto)
 
     def write_config(self) -> None:
         if self.writes:
@@ -117,8 +122,17 @@ class RunRecord:
 
     # --- progress --------------------------------------------------------------------------------
     def curve(self, record: dict) -> None:
+        """One curve.jsonl line, also as TensorBoard scalars (degnn.metrics.tracking)."""
         if self.writes:
             append_curve(self.run_dir, record)
+            p = self.p
+            self.tracker.line(record, self.ctx.counter.as_dict(), dict(p.timer.total), p.batches,
+                              p.timed["train_s"])
+
+    def track_from_here(self) -> None:
+        """The per-batch numbers of the next TensorBoard line count from this trainer's counters now."""
+        p = self.p
+        self.tracker.baseline(self.ctx.counter.as_dict(), dict(p.timer.total), p.batches, p.timed["train_s"])
 
     def keep_best(self, val: float, test: float, at: int) -> bool:
         """An evaluation: test_final, the best validation point (its test and model); True if better."""
@@ -188,4 +202,5 @@ class RunRecord:
         if self.writes:
             write_summary(self.run_dir, out)
             self.wrote_summary = True
+        self.tracker.close()
         return out
