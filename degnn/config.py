@@ -210,6 +210,9 @@ class ClusterConfig:
     isolate: Optional[bool] = None
     # ssh: the interpreter to run on every host (default: the launcher's own, sys.executable)
     python: Optional[str] = None
+    # ssh: the network interface gloo binds on every host (GLOO_SOCKET_IFNAME of every trainer);
+    # null = per host, the interface that routes to the first ip_config address
+    ifname: Optional[str] = None
     dry_run: bool = False
     # the module every process runs (`python -m <entry> <overrides>`); benchmarks.plain_dgl is
     # the plain DGL reference trainer of bench=parity

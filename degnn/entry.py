@@ -27,6 +27,7 @@ from degnn.runtime.checkpoint import CheckpointError
 from degnn.runtime.compat import strip_local_rank
 from degnn.runtime.console import TqdmLogHandler
 from degnn.runtime.heartbeat import Heartbeat, heartbeat_path
+from degnn.runtime.store import ProcessGroupError
 
 log = logging.getLogger("degnn")
 
@@ -185,7 +186,7 @@ def main(argv: List[str] | None = None) -> int:
     except EntryError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except CheckpointError as e:
+    except (CheckpointError, ProcessGroupError) as e:
         # after DGL's initialisation: leave without its exit barrier (see below), one line
         print(f"error: {e}", file=sys.stderr, flush=True)
         os._exit(2)

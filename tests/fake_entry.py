@@ -7,7 +7,8 @@ shuts the servers down). Trainers check what the launcher promises and record it
   - the marker of their own machine's server is visible in /dev/shm (shared per machine) and no
     other machine's marker nor the host's marker is (private per machine, netns only);
   - every server is reachable at its ip_config address and says which machine it is on;
-  - FAKE_GLOO=1: a gloo all_reduce over RANK/WORLD_SIZE/MASTER_*/GLOO_SOCKET_IFNAME works;
+  - FAKE_GLOO=1: a gloo all_reduce over RANK/WORLD_SIZE/MASTER_*/GLOO_SOCKET_IFNAME works
+    (degnn.runtime.store's process group: a connect failure is degnn.train's one line);
   - FAKE_DGL=1: instead of all of the above, a real DGL DistGraph on DGL_CONF_PATH (the trainer
     attaches to its server's shared-memory partition) and a feature pull.
 Every FAKE_X may also be given as DEGNN_FAKE_X (the launcher exports DEGNN_* over ssh).
@@ -137,9 +138,15 @@ def trainer_checks(rank: int, machine: int, run_dir: str) -> dict:
         for j in range(nserv):
             res["reached"][f"{ip}:{port + j}"] = int(ask(ip, port + j, b"hello"))
     if E.get("FAKE_GLOO") == "1":
+        import datetime
         import torch
         import torch.distributed as dist
-        dist.init_process_group("gloo")
+        from degnn.runtime.store import ProcessGroupError, init_process_group
+        try:
+            init_process_group(rank, int(E["WORLD_SIZE"]), timeout=datetime.timedelta(seconds=60))
+        except ProcessGroupError as e:  # as degnn.train reports it
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            os._exit(2)
         t = torch.ones(1)
         dist.all_reduce(t)
         res["allreduce"] = float(t.item())

@@ -156,6 +156,10 @@ def test_first_error_is_the_real_error_not_a_library_banner():
           "ValueError: bad", "error: trainer process failed (traceback above)", *banner]
     assert first_error(py) == "ValueError: bad"
     assert first_error(banner) is None
+    # a library's error lines, then degnn's own one line that sums them up: that line
+    gloo = ["[debug_logger.cc:9] ERROR failed to connect, local=[127.0.0.1]:1",
+            "error: gloo on host m1 bound 127.0.0.1 (...): set cluster.ifname=<...>"]
+    assert first_error(gloo) == gloo[1]
 
 
 def test_a_sigkill_names_the_oom_killer_or_hints_at_it(monkeypatch):

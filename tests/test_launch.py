@@ -192,6 +192,20 @@ def test_preflight_error_from_the_command_line(parts, tmp_path):
 
 
 # ---- ssh commands (no sshd here: construction only) ----------------------------------------------
+def test_ssh_machine_count_is_ip_configs_lines(tmp_path):
+    from degnn.runtime.cluster import count_ip_config
+    ipc = tmp_path / "ipc"
+    ipc.write_text("10.0.0.1\n10.0.0.2\n10.0.0.3\n")
+    cl = cfg_of("cluster=ssh", f"cluster.ip_config={ipc}").cluster
+    assert count_ip_config(cl, [], 3) == ["cluster.machines=3"] and cl.machines == 3
+    assert count_ip_config(cl, ["cluster.machines=3"], 3) == []
+    msg = one_line_error(lambda: count_ip_config(cl, ["cluster.machines=2"], 3))
+    assert msg.startswith(f"cluster.machines=2 but cluster.ip_config {ipc} lists 3 machines")
+    msg = one_line_error(lambda: make_plan(cfg_of("cluster=netns", "cluster.ifname=eth1"),
+                                           str(tmp_path / "run"), "unused.json", []))
+    assert msg.startswith("cluster.ifname=eth1 is for cluster=ssh")
+
+
 def test_ssh_ip_config_and_commands(parts, tmp_path):
     ipc = tmp_path / "ips.txt"
     ipc.write_text("# two hosts\n10.0.0.1\n\n10.0.0.2 4000  # custom port\n")
@@ -218,17 +232,20 @@ def test_ssh_ip_config_and_commands(parts, tmp_path):
                           text=True).stdout.splitlines() == t.argv
     run = str(tmp_path / "run")
     kill = ssh.kill_argv("10.0.0.2", run, port=2222)
-    assert kill[-1].startswith("pkill -TERM -f -- '[h]ydra")
-    # the pattern matches this run's command lines only (pgrep -f uses the same regex flavour)
+    assert kill[-1].startswith("pkill -TERM -f -- '-m degnn\\.train (.* )?[h]ydra")
+    # the pattern matches this run's processes only (pgrep -f uses the same regex flavour), not
+    # another run's nor a launcher given the same hydra.run.dir on one of the hosts
     nap = [PY, "-c", "import time; time.sleep(30)"]
-    probe = subprocess.Popen([*nap, f"hydra.run.dir={run}", "x=1"])
-    other = subprocess.Popen([*nap, f"hydra.run.dir={run}2"])
+    probe = subprocess.Popen([*nap, "-m", "degnn.train", "x=1", f"hydra.run.dir={run}", "y=2"])
+    others = [subprocess.Popen([*nap, "-m", "degnn.train", f"hydra.run.dir={run}2"]),
+              subprocess.Popen([*nap, "-m", "degnn.launch", "cluster=ssh", f"hydra.run.dir={run}"])]
     try:
         found = subprocess.run(["pgrep", "-f", "--", ssh.run_pattern(run)], capture_output=True,
                                text=True).stdout.split()
         assert found == [str(probe.pid)]
     finally:
-        probe.kill(), other.kill(), probe.wait(), other.wait()
+        for p in (probe, *others):
+            p.kill(), p.wait()
     with pytest.raises(LaunchError):
         ssh.read_ip_config(str(tmp_path / "missing.txt"), 1)
     msg = one_line_error(lambda: make_plan(cfg_of("cluster=ssh"), str(tmp_path), parts[2], []))
@@ -483,7 +500,14 @@ def test_ssh_preflight_names_the_host_and_the_fix(parts, tmp_path, monkeypatch):
     # the check command, run by `sh -c` instead of ssh (what the remote shell would run)
     monkeypatch.setattr(ssh, "ssh_base", lambda host, port=22, user=None: ["sh", "-c"])
     env = {"PYTHONPATH": str(REPO)}
-    ssh.check_hosts(["10.0.0.1", "10.0.0.2"], PY, [parts[2]], workspace=str(REPO), env=env)
+    # and names gloo's interface there: the one towards the first machine, or the one given
+    assert ssh.check_hosts(["10.0.0.1", "10.0.0.2"], PY, [parts[2]], probe="127.0.0.1",
+                           workspace=str(REPO), env=env) == {"10.0.0.1": "lo", "10.0.0.2": "lo"}
+    assert ssh.check_hosts(["10.0.0.1"], PY, [parts[2]], ifname="lo", env=env) == {"10.0.0.1": "lo"}
+    msg = one_line_error(lambda: ssh.check_hosts(["10.0.0.1"], PY, [parts[2]], ifname="nosuch0",
+                                                 env=env))
+    assert msg.startswith("host 10.0.0.1: no network interface nosuch0 (it has lo") and \
+        "cluster.ifname" in msg
     msg = one_line_error(lambda: ssh.check_hosts(["10.0.0.1"], PY, [str(tmp_path / "nope.json")],
                                                  env=env))
     assert msg.startswith("host 10.0.0.1: cannot read") and "same path" in msg

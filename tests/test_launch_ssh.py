@@ -3,7 +3,8 @@
 Needs root and openssh-server (`apt-get install openssh-server`); skipped otherwise. The client
 authenticates through an ssh-agent started here, so nothing in ~/.ssh is touched. Remote commands
 run the launcher's own interpreter (the venv). The last test puts an sshd in each of two network
-namespaces, so the two machines are not this host's loopback.
+namespaces whose host names resolve to loopback, so the two machines are not this host's loopback
+and gloo must be told their interface.
 """
 from __future__ import annotations
 
@@ -124,8 +125,13 @@ def test_ssh_fault_kills_remote_processes(sshd, part2, tmp_path):
 
 def test_ssh_cluster_on_two_network_namespaces(sshd, part2, tmp_path):
     """Two machines that are not this host's loopback: an sshd in each of two network namespaces
-    (degnn/launch/netns.py), the launcher reaching them over a bridge. Every process runs
-    the launcher's interpreter, passes the ssh preflight, and serves/trains on its own machine."""
+    (degnn/launch/netns.py), the launcher reaching them over a bridge, and each machine's host
+    name resolving to 127.0.0.1 (as Debian's installer writes /etc/hosts), where gloo binds
+    loopback unless told its interface. With nothing set but the ip_config file, every process
+    runs the launcher's interpreter, passes the ssh preflight, gets the interface that routes to
+    the first machine, and serves/trains on its own machine; a wrong cluster.ifname is one line
+    naming host, address and key; and the real entry trains there, the machine count taken from
+    the ip_config file."""
     from degnn.launch import NetnsCluster
     if os.geteuid() != 0 or not shutil.which("nsenter"):
         pytest.skip("needs root and nsenter (network namespaces)")
@@ -139,6 +145,10 @@ def test_ssh_cluster_on_two_network_namespaces(sshd, part2, tmp_path):
         daemons = []
         try:
             for m, ip in enumerate(net.ips):
+                # every machine's name is loopback in its /etc/hosts (one file the namespaces share)
+                names = " ".join(net.hostname(i) for i in range(len(net.ips)))
+                subprocess.run([*net.prefix(m, str(REPO)), "sh", "-c",
+                                f"echo '127.0.0.1 localhost {names}' > /etc/hosts"], check=True)
                 cfg = d / f"sshd_m{m}"
                 cfg.write_text((d / "sshd_config").read_text()
                                .replace("ListenAddress 127.0.0.1\nListenAddress 127.0.0.2\n",
@@ -159,21 +169,57 @@ def test_ssh_cluster_on_two_network_namespaces(sshd, part2, tmp_path):
                     pytest.fail(f"sshd on {ip} did not come up: {r.stderr[-500:]}")
             ipc = tmp_path / "machines.txt"
             ipc.write_text("".join(f"{ip} {_free_port()}\n" for ip in net.ips))
-            r = subprocess.run([PY, "-c", fake_entry.RUNNER, str(run_dir), part2, "cluster=ssh",
-                                f"cluster.ip_config={ipc}", f"cluster.ssh_port={port}",
-                                f"cluster.workspace={REPO}", "cluster.trainers_per_machine=2"],
-                               cwd=REPO, env={**sshd["env"], "DEGNN_FAKE_GLOO": "1"},
-                               capture_output=True, text=True, timeout=budget(180))
+
+            def fake_run(rd, *extra):
+                return subprocess.run([PY, "-c", fake_entry.RUNNER, str(rd), part2, "cluster=ssh",
+                                       f"cluster.ip_config={ipc}", f"cluster.ssh_port={port}",
+                                       f"cluster.workspace={REPO}", "cluster.trainers_per_machine=2",
+                                       *extra],
+                                      cwd=REPO, env={**sshd["env"], "DEGNN_FAKE_GLOO": "1"},
+                                      capture_output=True, text=True, timeout=budget(180))
+            r = fake_run(run_dir)
             assert r.returncode == 0, r.stderr[-3000:]
+            assert "gloo interfaces: 10.78.9.1=eth0, 10.78.9.2=eth0" in r.stderr
             ports = [int(l.split()[1]) for l in ipc.read_text().splitlines()]
             for rank in range(4):
                 res = json.loads((run_dir / f"fake_rank{rank}.json").read_text())
                 assert res["reached"] == {f"{net.ips[0]}:{ports[0]}": 0, f"{net.ips[1]}:{ports[1]}": 1}
                 assert res["allreduce"] == 4.0  # gloo across the two machines
                 assert res["hostname"] == f"degnn-m{rank // 2}"  # each process on its own machine
+                assert res["resolved"] == "127.0.0.1", res  # where gloo binds without the interface
+                assert res["env"]["GLOO_SOCKET_IFNAME"] == "eth0"
                 assert res["python"] == PY  # the launcher's interpreter, not `python3` on the PATH
+            assert not fake_entry.processes_mentioning(str(run_dir))
+
+            # the interface of loopback: the trainers of the other machine cannot connect
+            bad = tmp_path / "bad"
+            t0 = time.monotonic()
+            r = fake_run(bad, "cluster.ifname=lo")
+            took_bad = time.monotonic() - t0
+            assert r.returncode != 0
+            last = r.stderr.strip().splitlines()[-1]  # the launcher's fault line
+            assert "error: gloo on host degnn-m" in last, r.stderr[-3000:]
+            assert "bound 127.0.0.1 (GLOO_SOCKET_IFNAME=lo)" in last and "set cluster.ifname=" in last
+            assert "Traceback" not in r.stderr
+            assert not fake_entry.processes_mentioning(str(bad))
+
+            # the real entry, nothing set but the ip_config file (and the test sshd's port)
+            real = tmp_path / "real"
+            t0 = time.monotonic()
+            r = subprocess.run([PY, "-m", "degnn.launch", "cluster=ssh", f"cluster.ip_config={ipc}",
+                                f"cluster.ssh_port={port}", "dataset=synthetic-tiny",
+                                "train.epochs=3", "train.batch_size=128", f"hydra.run.dir={real}"],
+                               cwd=REPO, env=sshd["env"], capture_output=True, text=True,
+                               timeout=budget(180))
+            took_real = time.monotonic() - t0
+            assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+            s = json.loads((real / "summary.json").read_text())
+            assert s["status"] == "ok" and s["machines"] == 2 and s["trainers"] == 2, s
+            assert s["test"] > 0.125 + 0.2, s  # it learned (8 classes: chance is 0.125)
+            print(f"wrong interface failed in {took_bad:.1f}s; real run {took_real:.1f}s")
         finally:
             for p in daemons:
                 p.terminate()
                 p.wait()
     assert not fake_entry.processes_mentioning(str(run_dir))
+    assert not fake_entry.processes_mentioning(str(real))

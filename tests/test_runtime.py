@@ -194,3 +194,19 @@ def test_model_config_errors_come_before_anything_starts(tmp_path):
     assert p.returncode == 2
     assert "model.fanouts has 2 entries but model.layers=3" in p.stderr
     assert p.stderr.strip().count("\n") == 0
+
+
+def test_gloo_connect_failure_is_one_line_naming_host_address_and_key(monkeypatch):
+    import socket as _socket
+    from degnn.runtime.store import connect_error
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    gloo = RuntimeError("Gloo connectFullMesh failed with [pair.cc:152] timed out connecting: "
+                        "SO_ERROR: Connection refused, remote=[127.0.0.1]:23973")
+    msg = connect_error(gloo)
+    assert msg.startswith(f"gloo on host {_socket.gethostname()} bound 127.0.0.1 (GLOO_SOCKET_IFNAME=lo)")
+    assert "set cluster.ifname=<this host's interface that reaches 10.0.0.1>" in msg and "\n" not in msg
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    assert "bound 10.9.9.9 (no GLOO_SOCKET_IFNAME" in connect_error(
+        RuntimeError("failed to connect, local=[10.9.9.9]:1, remote=[10.0.0.1]:2"))
+    assert connect_error(RuntimeError("CUDA out of memory")) is None

@@ -65,6 +65,8 @@ def _print_partition_report(part_config) -> None:
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from degnn.runtime.cluster import count_ip_config
+
     from .launcher import machines_of
 
     hc = HydraConfig.get()
@@ -76,6 +78,8 @@ def main(cfg: DictConfig) -> None:
         # cheap checks first: no partitioning for a run that cannot start
         check_config(cfg)
         machines = machines_of(cfg.cluster)
+        if cfg.cluster.kind == "ssh":
+            task += count_ip_config(cfg.cluster, task, len(machines))
         pipeline_cls = pipeline_class(cfg)
         check_task(pipeline_cls, cfg, config_dirs(hc))
         check_trainers(pipeline_cls, cfg)

@@ -1,8 +1,8 @@
 """What the launcher says about a fault: the failed process's real error, a kernel OOM kill, a
 full disk (docs/design.md, "Fault policy").
 
-- `first_error(lines)`: the first error of a log: a Python traceback's exception line, else the
-  first line with `Error` or C++'s `what():`. A library's exit banner (LIBXSMM prints
+- `first_error(lines)`: the first error of a log: a Python traceback's exception line, else
+  degnn's own `error: ...` line, else the first line with `Error` or C++'s `what():`. A library's exit banner (LIBXSMM prints
   `Registry and code`, `Command`, `Uptime` when a process that used it exits, also after an
   abort) is never the error and is left out of the log tail the launcher shows (`is_banner`).
 - `oom_counts()` / `oom_note(pid, before)`: whether the kernel killed a process for memory, from
@@ -30,9 +30,14 @@ def is_banner(line: str) -> bool:
 
 def first_error(lines: Iterable[str]) -> Optional[str]:
     """The first error in `lines`: a traceback's exception line (the first unindented line after
-    `Traceback (most recent call last):`), else the first line naming an error; stripped, at most
-    300 characters."""
+    `Traceback (most recent call last):`), else degnn's own one-line `error: ...` (a library's
+    error lines logged before it are what it sums up), else the first line naming an error;
+    stripped, at most 300 characters."""
     lines = [l for l in lines if l.strip() and not is_banner(l)]
+    if not any(l.startswith("Traceback (most recent call last)") for l in lines):
+        own = [l for l in lines if l.startswith("error: ")]
+        if own:
+            return own[-1].strip()[:300]
     for i, line in enumerate(lines):
         if line.startswith("Traceback (most recent call last)"):
             for later in lines[i + 1:]:

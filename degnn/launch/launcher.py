@@ -93,6 +93,9 @@ def make_plan(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str]
     if ifname is None and cl.kind == "netns":
         from .netns import IFNAME
         ifname = IFNAME
+    if ifname is None and cl.kind == "ssh":
+        # unset: found per host by the ssh preflight (ssh.check_hosts)
+        ifname = cl.get("ifname") or None
     return build_plan(machines, trainers_per_machine=cl.trainers_per_machine,
                       servers_per_machine=cl.servers_per_machine, part_config=part_config,
                       ip_config=os.path.join(run_dir, "ip_config.txt"), run_dir=run_dir,
@@ -277,17 +280,30 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
             stack.enter_context(SharedShmLock(run_dir, _graph_name(plan)))
         elif cl.kind == "ssh":
             forward = ssh.forwarded_env()
-            ssh.check_hosts(ssh.hosts_of(plan.machines), plan.procs[0].argv[0],
-                            [plan.procs[0].env["DGL_CONF_PATH"], plan.ip_config],
-                            workspace=cl.workspace, port=cl.ssh_port, user=cl.ssh_user,
-                            env={"PYTHONPATH": plan.procs[0].env["PYTHONPATH"]})
-            command = lambda p: ssh.ssh_argv(p, plan.machines[p.machine][0],
-                                             workspace=cl.workspace, port=cl.ssh_port,
-                                             user=cl.ssh_user, extra_env=forward)
+            master = plan.machines[0][0]
+            ifnames = ssh.check_hosts(ssh.hosts_of(plan.machines), plan.procs[0].argv[0],
+                                      [plan.procs[0].env["DGL_CONF_PATH"], plan.ip_config],
+                                      probe=master, ifname=cl.get("ifname") or None,
+                                      workspace=cl.workspace, port=cl.ssh_port, user=cl.ssh_user,
+                                      env={"PYTHONPATH": plan.procs[0].env["PYTHONPATH"]})
+            for host, name in ifnames.items():
+                if not name:
+                    say(f"host {host}: no interface holds the address it sends from towards "
+                        f"{master}; gloo binds the address its host name resolves to (set "
+                        f"cluster.ifname if its trainers cannot connect)")
+            say("gloo interfaces: " + ", ".join(f"{h}={n or '?'}" for h, n in ifnames.items()))
 
-            def kill_remote():  # every command line carries hydra.run.dir=<run_dir>
+            def command(p):
+                host = plan.machines[p.machine][0]
+                env = dict(forward)
+                if p.role == "trainer" and ifnames.get(host):
+                    env["GLOO_SOCKET_IFNAME"] = ifnames[host]  # a given cluster.ifname is in p.env
+                return ssh.ssh_argv(p, host, workspace=cl.workspace, port=cl.ssh_port,
+                                    user=cl.ssh_user, extra_env=env)
+
+            def kill_remote():  # every command line carries -m <entry> ... hydra.run.dir=<run_dir>
                 for host in ssh.hosts_of(plan.machines):
-                    subprocess.run(ssh.kill_argv(host, run_dir,
+                    subprocess.run(ssh.kill_argv(host, run_dir, entry=plan.procs[0].argv[2],
                                                  port=cl.ssh_port, user=cl.ssh_user),
                                    stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
             on_stop = kill_remote

@@ -89,6 +89,11 @@ def check_config(cfg) -> None:
 
         if parse_rate(str(cl.bandwidth)) <= 0:
             raise LaunchError(f"cluster.bandwidth={cl.bandwidth}: must be a positive rate")
+    if cl.get("ifname") and cl.kind != "ssh":
+        where = ("every netns machine's interface is eth0" if cl.kind == "netns"
+                 else "a local run stays on loopback")
+        raise LaunchError(f"cluster.ifname={cl.ifname} is for cluster=ssh ({where}); remove it "
+                          f"for cluster={cl.kind}")
     if cl.kind == "netns":
         check_subnet(str(cl.subnet))
 

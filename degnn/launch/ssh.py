@@ -4,14 +4,18 @@ Like DGL's tools/launch.py: `ssh -o StrictHostKeyChecking=no -p <port> [user@]ip
 'cd <workspace>; (export K=V ...; <cmd>)'`, one ssh per process. The run directory, partitions and
 dataset are passed as absolute paths, so the machines must see them at the same paths (a shared
 file system, as with launch.py's workspace). ssh does not forward signals to the remote command, so
-stopping a process means `pkill -f` on its host for a pattern unique to this run (the run
-directory, which is on every command line).
+stopping a process means `pkill -f` on its host for a pattern unique to this run (the entry
+module and the run directory, which are on every command line).
 
-DEGNN_* variables of the launcher's environment are exported to every remote process too.
+DEGNN_* variables of the launcher's environment are exported to every remote process too, and
+GLOO_SOCKET_IFNAME to every trainer: `cluster.ifname`, or per host the interface that routes to
+the first ip_config address (found on that host by `check_hosts`). DGL's socket RPC needs none: a
+client takes its address from the route to the servers (TP_SOCKET_IFNAME is read by DGL's
+tensorpipe transport only, which degnn does not use).
 
 Every process runs the launcher's own interpreter (`sys.executable`; `cluster.python` overrides),
 and before anything starts `check_hosts` makes sure every host can import degnn, dgl and hydra
-with it and read the partition and ip_config files.
+with it, read the partition and ip_config files, and names that interface.
 
 Tested against a local sshd on 127.0.0.1/127.0.0.2 (tests/test_launch_ssh.py) when openssh-server is
 installed, not against real hosts; the command construction is unit-tested.
@@ -24,7 +28,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from degnn.runtime.cluster import read_ip_config  # noqa: F401  (ssh.read_ip_config)
 
-from .plan import LaunchError, Proc
+from .plan import DEFAULT_ENTRY, LaunchError, Proc
 
 
 def ssh_base(host: str, port: int = 22, user: Optional[str] = None) -> List[str]:
@@ -51,35 +55,52 @@ def ssh_argv(proc: Proc, host: str, *, workspace: Optional[str], port: int = 22,
     return [*ssh_base(host, port, user), remote_command(proc, workspace, extra_env)]
 
 
-# run on every host before anything starts: the interpreter imports what the processes need and
-# the files they read are there (a shared file system at the same paths)
-CHECK = ("import importlib, sys\n"
-         "for m in ('degnn', 'dgl', 'hydra'):\n"
-         "    try: importlib.import_module(m)\n"
-         "    except Exception as e: sys.exit(f'cannot import {m} ({type(e).__name__}: {e})')\n"
-         "import os\n"
-         "for f in sys.argv[1:]:\n"
-         "    if not os.access(f, os.R_OK): sys.exit(f'cannot read {f}')\n")
+# run on every host before anything starts: the interpreter imports what the processes need, the
+# files they read are there (a shared file system at the same paths), and it names the network
+# interface gloo is to bind there. argv: <probe address> <interface or ""> <file>...; the interface
+# given is checked to exist; none given, it is the one holding the address this host sends from
+# towards the probe address (the first machine of ip_config, MASTER_ADDR), as DGL's RPC client
+# picks its own address. Last line of stdout: `ifname <name>` (empty where none is found).
+CHECK = r"""
+import importlib, os, sys
+for m in ('degnn', 'dgl', 'hydra'):
+    try: importlib.import_module(m)
+    except Exception as e: sys.exit(f'cannot import {m} ({type(e).__name__}: {e})')
+probe, given, files = sys.argv[1], sys.argv[2], sys.argv[3:]
+for f in files:
+    if not os.access(f, os.R_OK): sys.exit(f'cannot read {f}')
+from degnn.runtime.netif import interface_towards, interfaces
+if given and given not in interfaces():
+    sys.exit(f'no network interface {given} (it has {", ".join(interfaces())})')
+print('ifname', given or interface_towards(probe) or '')
+"""
 
 
-def check_argv(host: str, python: str, files: Sequence[str], *, workspace: Optional[str] = None,
+def check_argv(host: str, python: str, files: Sequence[str], *, probe: str = "127.0.0.1",
+               ifname: Optional[str] = None, workspace: Optional[str] = None,
                port: int = 22, user: Optional[str] = None,
                env: Optional[Dict[str, str]] = None) -> List[str]:
     cd = f"cd {shlex.quote(workspace)} && " if workspace else ""
     exports = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
-    cmd = f"{cd}{exports}{shlex.quote(python)} -c {shlex.quote(CHECK)} {' '.join(shlex.quote(f) for f in files)}"
+    args = " ".join(shlex.quote(a) for a in (probe, ifname or "", *files))
+    cmd = f"{cd}{exports}{shlex.quote(python)} -c {shlex.quote(CHECK)} {args}"
     return [*ssh_base(host, port, user), cmd]
 
 
 def check_hosts(hosts: Sequence[str], python: str, files: Sequence[str], *,
+                probe: str = "127.0.0.1", ifname: Optional[str] = None,
                 workspace: Optional[str] = None, port: int = 22, user: Optional[str] = None,
-                env: Optional[Dict[str, str]] = None, timeout: float = 120) -> None:
+                env: Optional[Dict[str, str]] = None, timeout: float = 120) -> Dict[str, str]:
     """Every host can run `python` with degnn, dgl and hydra and read `files`; else one line
-    naming the host and the fix (LaunchError)."""
+    naming the host and the fix (LaunchError). Returns the network interface for gloo on every
+    host: `ifname` where given (it exists there), else the one that routes to `probe` ("" where
+    none is found)."""
     import subprocess
 
+    found: Dict[str, str] = {}
     for host in dict.fromkeys(hosts):
-        argv = check_argv(host, python, files, workspace=workspace, port=port, user=user, env=env)
+        argv = check_argv(host, python, files, probe=probe, ifname=ifname, workspace=workspace,
+                          port=port, user=user, env=env)
         try:
             r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                timeout=timeout)
@@ -87,6 +108,8 @@ def check_hosts(hosts: Sequence[str], python: str, files: Sequence[str], *,
             raise LaunchError(f"host {host}: no answer over ssh within {timeout:.0f}s; check that "
                               f"it is up and reachable on port {port}")
         if r.returncode == 0:
+            said = [l.split(" ", 1) for l in r.stdout.splitlines() if l.startswith("ifname")]
+            found[host] = said[-1][1].strip() if said and len(said[-1]) == 2 else ""
             continue
         lines = [l for l in (r.stderr or r.stdout).strip().splitlines() if l.strip()]
         why = lines[-1] if lines else f"exit code {r.returncode}"
@@ -96,21 +119,31 @@ def check_hosts(hosts: Sequence[str], python: str, files: Sequence[str], *,
         if why.startswith("cannot read"):
             raise LaunchError(f"host {host}: {why}; the run directory and partitions must be on "
                               f"a file system every host sees at the same path")
+        if why.startswith("no network interface"):
+            raise LaunchError(f"host {host}: {why}; set cluster.ifname to an interface every "
+                              f"host has, or leave it unset (per host: the one that routes to "
+                              f"{probe})")
         raise LaunchError(f"host {host}: {python}: {why}; install degnn there (same path) or set "
                           f"cluster.python=<an interpreter that has degnn, dgl and hydra>")
+    return found
 
 
-def run_pattern(run_dir: str) -> str:
-    """pkill -f regex for the processes of one run: every command line has hydra.run.dir=<dir>.
-
-    The bracket keeps the pattern from matching the remote shell that runs pkill itself."""
-    esc = "".join("\\" + c if c in ".[]()*+?{}|^$\\" else c for c in run_dir)
-    return f"[h]ydra\\.run\\.dir={esc}( |$)"
+def _regex_escape(text: str) -> str:
+    return "".join("\\" + c if c in ".[]()*+?{}|^$\\" else c for c in text)
 
 
-def kill_argv(host: str, run_dir: str, *, port: int = 22, user: Optional[str] = None,
-              sig: str = "TERM") -> List[str]:
-    return [*ssh_base(host, port, user), f"pkill -{sig} -f -- {shlex.quote(run_pattern(run_dir))}"]
+def run_pattern(run_dir: str, entry: str = DEFAULT_ENTRY) -> str:
+    """pkill -f regex for the processes of one run: every command line is `... -m <entry> ...
+    hydra.run.dir=<dir>`. The entry keeps a launcher started with hydra.run.dir=<dir> on one of
+    the hosts from matching; the bracket keeps the pattern from matching the remote shell that
+    runs pkill itself."""
+    return f"-m {_regex_escape(entry)} (.* )?[h]ydra\\.run\\.dir={_regex_escape(run_dir)}( |$)"
+
+
+def kill_argv(host: str, run_dir: str, *, entry: str = DEFAULT_ENTRY, port: int = 22,
+              user: Optional[str] = None, sig: str = "TERM") -> List[str]:
+    return [*ssh_base(host, port, user),
+            f"pkill -{sig} -f -- {shlex.quote(run_pattern(run_dir, entry))}"]
 
 
 def hosts_of(machines: Sequence[Tuple[str, int]]) -> List[str]:

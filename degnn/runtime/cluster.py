@@ -6,7 +6,7 @@ raises and reports it, and a pipeline's checks may raise it too, so it lives her
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 
 class LaunchError(RuntimeError):
@@ -49,3 +49,17 @@ def machines_of(cluster) -> List[Tuple[str, int]]:
     if kind == "ssh":
         return read_ip_config(cluster.ip_config, cluster.port)
     raise LaunchError(f"cluster.kind={kind!r}: expected local, netns or ssh")
+
+
+def count_ip_config(cluster, overrides: Sequence[str], machines: int) -> List[str]:
+    """cluster=ssh: the machine count is the number of ip_config lines (as DGL's launch.py counts
+    them). Sets `cluster.machines` (so partition.num_parts follows) and returns the override
+    every process gets for it; a `cluster.machines=` given that disagrees is a LaunchError."""
+    given = [o.split("=", 1)[1] for o in overrides
+             if o.split("=", 1)[0].lstrip("+~") == "cluster.machines"]
+    if given and given[-1].strip() != str(machines):
+        raise LaunchError(f"cluster.machines={given[-1]} but cluster.ip_config {cluster.ip_config} "
+                          f"lists {machines} machines; drop cluster.machines (cluster=ssh counts "
+                          f"ip_config's lines)")
+    cluster.machines = machines
+    return [] if given else [f"cluster.machines={machines}"]

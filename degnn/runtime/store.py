@@ -6,17 +6,67 @@ listening socket to the store (`master_listen_fd`). Gloo's own sockets bind the 
 (GLOO_SOCKET_IFNAME, or the address the host name resolves to). Where MASTER_ADDR cannot be bound
 here (a name of another host given by mistake), torch's own rendezvous decides, as before.
 See docs/design.md, "Security model".
+
+Where gloo cannot connect its peers (it bound an address the others cannot reach: a host name
+that resolves to loopback, the wrong one of several interfaces), `ProcessGroupError` says in one
+line which host, which address and which key to set.
 """
 from __future__ import annotations
 
 import datetime
 import os
+import re
 import socket
 from typing import Optional
 
-import torch.distributed as dist
-
 _listening: Optional[socket.socket] = None  # kept open for the store's whole life
+
+
+class ProcessGroupError(RuntimeError):
+    """torch.distributed could not connect the trainers; the message is one line."""
+
+
+def bound_address(error: str) -> str:
+    """The address gloo bound: from its error (`local=[ADDR]:PORT`), else what it binds
+    (GLOO_SOCKET_IFNAME's interface, or the address of the host name)."""
+    m = re.search(r"local=\[([^\]]+)\]", error)
+    if m:
+        return m.group(1)
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME")
+    if ifname:
+        from degnn.runtime.netif import address_of
+
+        return address_of(ifname) or f"the address of {ifname}"
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "an address of its host name"
+
+
+def connect_error(error: BaseException) -> Optional[str]:
+    """The one-line message for gloo failing to connect its peers; None for any other error."""
+    text = str(error)
+    if "local=[" not in text and not ("gloo" in text.lower() and "connect" in text.lower()):
+        return None
+    host = socket.gethostname()
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME")
+    how = (f"GLOO_SOCKET_IFNAME={ifname}" if ifname
+           else f"no GLOO_SOCKET_IFNAME, so the address host name {host} resolves to")
+    master = os.environ.get("MASTER_ADDR", "MASTER_ADDR")
+    return (f"gloo on host {host} bound {bound_address(text)} ({how}) and the other trainers "
+            f"cannot connect to it: set cluster.ifname=<this host's interface that reaches "
+            f"{master}> (under DGL's launch.py: --extra_envs GLOO_SOCKET_IFNAME=<it>)")
+
+
+def init_process_group(rank: int, world: int, timeout: datetime.timedelta) -> None:
+    """`_init_process_group`, with gloo's connect failures as one line (ProcessGroupError)."""
+    try:
+        _init_process_group(rank, world, timeout)
+    except RuntimeError as e:  # gloo's errors (DistBackendError) are RuntimeErrors
+        msg = connect_error(e)
+        if msg is None:
+            raise
+        raise ProcessGroupError(msg) from None
 
 
 def _bind(addr: str, port: int) -> Optional[socket.socket]:
@@ -31,7 +81,9 @@ def _bind(addr: str, port: int) -> Optional[socket.socket]:
         return None
 
 
-def init_process_group(rank: int, world: int, timeout: datetime.timedelta) -> None:
+def _init_process_group(rank: int, world: int, timeout: datetime.timedelta) -> None:
+    import torch.distributed as dist  # here: the entry imports this module before torch
+
     global _listening
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # started by torchrun / torch.distributed.launch (DGL's launch.py): its agent hosts the store
