@@ -220,11 +220,19 @@ def test_event_files_hold_every_curve_line(tmp_path):
 
 def test_event_files_of_a_run_resumed_into_its_own_directory_keep_steps_unique(tmp_path):
     pytest.importorskip("tensorboard")
+    import time
+
+    # TensorBoard reads a directory's event files in name order, and a name is the writer's
+    # second, host, pid and a per-process counter: a resumed run (a later process) sorts after
+    # the run it resumes. Here every run is in this one process, so each starts in a new second
+    # (otherwise the counter decides, and 10 sorts before 9).
     run(tmp_path, "train.epochs=2")
     at_2 = (tmp_path / "checkpoint.pt").read_bytes()
+    time.sleep(1.1)
     run(tmp_path, "train.epochs=3", f"resume={tmp_path}")
     # as if the run had logged epoch 3 and died before checkpointing it
     (tmp_path / "checkpoint.pt").write_bytes(at_2)
+    time.sleep(1.1)
     s = run(tmp_path, "train.epochs=4", f"resume={tmp_path}", losses=[7.0] * 4)
     assert s["epochs"] == 4
     assert scalars(tmp_path)["train/loss"] == [(1, 1.0), (2, 0.5), (3, 7.0), (4, 7.0)]
