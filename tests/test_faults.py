@@ -22,6 +22,7 @@ from degnn.config import CONF_DIR, register_configs
 from degnn.launch import LaunchError
 from degnn.launch.cleanup import remove_dead_partition_temps
 from degnn.launch.faults import first_error, oom_note
+from degnn.launch.launcher import free_port
 from degnn.launch.preflight import check_config, check_run_dir
 
 import fake_entry
@@ -177,7 +178,7 @@ def _run(run_dir, part, *overrides, env=None, signals=(), ready=None, timeout=90
     """The launcher (fake entry, cluster=local) in a subprocess; `signals`: (signal, delay after
     the previous one) sent once `ready(run_dir)` holds. Returns (rc, out, err, seconds)."""
     p = subprocess.Popen([PY, "-c", fake_entry.RUNNER, str(run_dir), part, "cluster=local",
-                          f"cluster.port={_free_port()}", *overrides], cwd=REPO,
+                          f"cluster.port={free_port()}", *overrides], cwd=REPO,
                          env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     t0 = time.monotonic()
@@ -198,13 +199,6 @@ def _run(run_dir, part, *overrides, env=None, signals=(), ready=None, timeout=90
             p.communicate()
         fake_entry.remove_shm_markers(str(run_dir))
     return p.returncode, out, err, time.monotonic() - t0
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -319,7 +313,7 @@ def test_a_kernel_oom_kill_says_so(part, tmp_path):
         # the launcher and its processes run in the limited cgroup; rank 1 eats more than it allows
         code = f"import os, sys; open('{cg}/cgroup.procs', 'w').write(str(os.getpid())); exec(sys.argv.pop(1))"
         r = subprocess.run([PY, "-c", code, fake_entry.RUNNER, str(run_dir), part, "cluster=local",
-                            f"cluster.port={_free_port()}", "cluster.trainers_per_machine=2"],
+                            f"cluster.port={free_port()}", "cluster.trainers_per_machine=2"],
                            cwd=REPO, env={**os.environ, "FAKE_FAIL_RANK": "1", "FAKE_EAT_MB": "2000"},
                            capture_output=True, text=True, timeout=budget(90))
         fake_entry.remove_shm_markers(str(run_dir))

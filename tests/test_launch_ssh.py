@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ import pytest
 
 import fake_entry
 from timing import budget
+
+from degnn.launch.launcher import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -32,12 +33,6 @@ pytestmark = pytest.mark.skipif(
     reason="needs root, openssh-server (sshd), ssh-agent and a system python3")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory):
     d = tmp_path_factory.mktemp("sshd")
@@ -45,7 +40,7 @@ def sshd(tmp_path_factory):
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / name)],
                        check=True)
     shutil.copy(d / "client.pub", d / "authorized_keys")
-    port = _free_port()
+    port = free_port()
     (d / "sshd_config").write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nListenAddress 127.0.0.2\n"
         f"HostKey {d / 'hostkey'}\nAuthorizedKeysFile {d / 'authorized_keys'}\n"
@@ -83,7 +78,7 @@ def part2(tmp_path_factory):
 
 def run_ssh(sshd, tmp_path, part, *extra, env=None, timeout=90):
     ipc = tmp_path / "machines.txt"
-    server_port = _free_port()
+    server_port = free_port()
     ipc.write_text(f"127.0.0.1 {server_port}\n127.0.0.2 {server_port}\n")
     run_dir = tmp_path / "run"
     t0 = time.monotonic()
@@ -136,7 +131,7 @@ def test_ssh_cluster_on_two_network_namespaces(sshd, part2, tmp_path):
     if os.geteuid() != 0 or not shutil.which("nsenter"):
         pytest.skip("needs root and nsenter (network namespaces)")
     d = sshd["dir"]
-    port = _free_port()
+    port = free_port()
     subnet = "10.78.9"
     run_dir = tmp_path / "run"
     with NetnsCluster(2, subnet=subnet) as net:
@@ -168,7 +163,7 @@ def test_ssh_cluster_on_two_network_namespaces(sshd, part2, tmp_path):
                 else:
                     pytest.fail(f"sshd on {ip} did not come up: {r.stderr[-500:]}")
             ipc = tmp_path / "machines.txt"
-            ipc.write_text("".join(f"{ip} {_free_port()}\n" for ip in net.ips))
+            ipc.write_text("".join(f"{ip} {free_port()}\n" for ip in net.ips))
 
             def fake_run(rd, *extra):
                 return subprocess.run([PY, "-c", fake_entry.RUNNER, str(rd), part2, "cluster=ssh",

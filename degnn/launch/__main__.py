@@ -28,6 +28,7 @@ try:  # torch and DGL take seconds to import: Ctrl-C meanwhile is one line, not 
     from .supervisor import STOP_SIGNALS
     from .preflight import check_config, check_resume_dir, check_run_dir
 except KeyboardInterrupt:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # leaving: Ctrl-C again changes nothing (rc stays 130)
     print("degnn.launch: error: interrupted while starting; nothing was started", file=sys.stderr,
           flush=True)
     sys.exit(130)
@@ -37,6 +38,8 @@ register_configs()
 
 def _fail(msg: str, code: int = 2) -> None:
     # one line, no traceback: bad input must read like a message, not a crash
+    if code > 128:  # an interrupt: the clean-up is done, a signal more while leaving changes nothing
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     print(f"degnn.launch: error: {msg}", file=sys.stderr, flush=True)
     sys.exit(code)
 

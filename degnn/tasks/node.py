@@ -67,6 +67,7 @@ class NodeTask(Task):
         super().__init__(cfg)
         self.num_classes = None
         self.label = None
+        self._evaluate_fn = None
 
     def prepare(self, ctx, collective: bool = True) -> None:
         g = ctx.graph
@@ -122,8 +123,10 @@ class NodeTask(Task):
         return NodeScorer(ctx)
 
     def evaluate_fn(self):
-        ds = self.cfg.dataset
-        return accuracy_evaluator(str(ds.name)) if ds.kind == "ogb" else accuracy_evaluator()
+        if self._evaluate_fn is None:  # OGB's Evaluator reads its table once, not every evaluation
+            ds = self.cfg.dataset
+            self._evaluate_fn = accuracy_evaluator(str(ds.name)) if ds.kind == "ogb" else accuracy_evaluator()
+        return self._evaluate_fn
 
     def describe(self) -> str:
         return f"{self.num_classes} classes"
