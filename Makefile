@@ -26,10 +26,10 @@ test: setup
 BENCHES ?= default parity tma lamp link
 
 bench: setup
-	set -e; for b in $(BENCHES); do $(VPY) -m benchmarks bench=$$b; done
+	set -e; for b in $(BENCHES); do $(VPY) -m degnn.bench bench=$$b; done
 
 bench-quick: setup
-	$(VPY) -m benchmarks bench=quick
+	$(VPY) -m degnn.bench bench=quick
 
 # leftovers of killed launchers: namespaces, links, holders, processes, DGL shared memory
 cleanup:

@@ -1,6 +1,6 @@
 """Structured config (Hydra schemas).
 
-Every YAML file under ``conf/`` is merged onto one of these dataclasses, so a wrong type or an
+Every YAML file under ``degnn/conf/`` is merged onto one of these dataclasses, so a wrong type or an
 unknown key fails at compose time with Hydra's own message. ``register_configs()`` must run
 before ``@hydra.main`` (the entry points call it at import).
 """
@@ -14,8 +14,8 @@ from typing import List, Optional, Tuple
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-# conf/ ships inside the repository, next to the package.
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+# the configs are package data (degnn/conf/), found from a checkout and from an installed wheel
+CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 
 
 @dataclass
@@ -99,7 +99,7 @@ class PipelineConfig:
 
 @dataclass
 class TMAConfig(PipelineConfig):
-    """pipeline=tma (degnn/pipelines/tma): the schema of conf/pipeline/tma.yaml only, so a mistyped
+    """pipeline=tma (degnn/pipelines/tma): the schema of degnn/conf/pipeline/tma.yaml only, so a mistyped
     TMA key fails at compose time and `pipeline=distdgl` has none of these keys.
 
     Durations are strings ("30s", "2min", "1h") or plain seconds; the launcher checks them (and
@@ -138,7 +138,7 @@ class TMAConfig(PipelineConfig):
 
 @dataclass
 class LAMPConfig(PipelineConfig):
-    """pipeline=lamp (degnn/pipelines/lamp): the schema of conf/pipeline/lamp.yaml, so a mistyped
+    """pipeline=lamp (degnn/pipelines/lamp): the schema of degnn/conf/pipeline/lamp.yaml, so a mistyped
     LAMP key fails at compose time."""
 
     name: str = "lamp"
@@ -214,7 +214,7 @@ class ClusterConfig:
     # null = per host, the interface that routes to the first ip_config address
     ifname: Optional[str] = None
     dry_run: bool = False
-    # the module every process runs (`python -m <entry> <overrides>`); benchmarks.plain_dgl is
+    # the module every process runs (`python -m <entry> <overrides>`); degnn.bench.plain_dgl is
     # the plain DGL reference trainer of bench=parity
     entry: str = "degnn.train"
 
@@ -233,7 +233,7 @@ class Config:
 
 @dataclass
 class PartitionJob:
-    """Config of the partitioner CLI (`python -m partitioners`)."""
+    """Config of the partitioner CLI (`python -m degnn.partition`)."""
 
     dataset: DatasetConfig = MISSING
     partition: PartitionConfig = MISSING
@@ -248,7 +248,7 @@ class SuiteConfig:
     """One benchmark suite: a Hydra multirun of one module, every job in its own run directory."""
 
     name: str = MISSING
-    # degnn.launch (one cluster per job) or benchmarks.single_process (the accuracy reference)
+    # degnn.launch (one cluster per job) or degnn.bench.single_process (the accuracy reference)
     module: str = "degnn.launch"
     # multirun overrides, e.g. ["dataset=wordnet,synthetic-arxiv", "cluster=netns"]
     overrides: List[str] = field(default_factory=list)
@@ -264,7 +264,7 @@ class BenchConfig:
 
 @dataclass
 class BenchJob:
-    """Config of `python -m benchmarks` (make bench)."""
+    """Config of `python -m degnn.bench` (make bench)."""
 
     bench: BenchConfig = MISSING
     # results folder; default benchmarks/results/<timestamp>
@@ -276,7 +276,7 @@ class BenchJob:
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
-    # per-pipeline schemas, named in the `defaults` of conf/pipeline/<name>.yaml
+    # per-pipeline schemas, named in the `defaults` of degnn/conf/pipeline/<name>.yaml
     cs.store(group="pipeline", name="tma_schema", node=TMAConfig)
     cs.store(group="pipeline", name="lamp_schema", node=LAMPConfig)
     cs.store(name="partition_schema", node=PartitionJob)

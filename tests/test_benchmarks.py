@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from benchmarks.report import write_report
+from degnn.bench.report import write_report
 from degnn.config import CONF_DIR, register_configs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,7 +79,7 @@ def test_bench_configs_compose(bench):
 def test_ogb_suites_run_only_when_the_data_is_on_disk(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
 
-    from benchmarks.__main__ import missing_datasets
+    from degnn.bench.__main__ import missing_datasets
     from degnn.config import SuiteConfig
 
     monkeypatch.setenv("DEGNN_DATA", str(tmp_path))
@@ -144,7 +144,7 @@ def test_plain_dgl_trainer_runs_on_the_same_cluster_and_moves_the_same_bytes(tmp
     common = [sys.executable, "-m", "degnn.launch", "dataset=synthetic-tiny", "model.fanouts=[10,10]",
               "train.batch_size=100", "train.epochs=2", "train.eval_every=2", "cluster=netns",
               "cluster.machines=2", f"dataset.root={tmp_path / 'data'}", f"partition.root={tmp_path / 'parts'}"]
-    for name, entry in (("degnn", "degnn.train"), ("plain", "benchmarks.plain_dgl")):
+    for name, entry in (("degnn", "degnn.train"), ("plain", "degnn.bench.plain_dgl")):
         p = subprocess.run([*common, f"cluster.entry={entry}", f"hydra.run.dir={tmp_path / 'runs' / name}"],
                            cwd=REPO, capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]

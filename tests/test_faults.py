@@ -127,9 +127,9 @@ def test_a_custom_graph_with_an_empty_split_is_refused(tmp_path, key):
 
 # ---- the random partitioner's stream ---------------------------------------------------------------
 def test_random_parts_do_not_follow_labels_drawn_from_the_same_seed():
-    from partitioners.api import _settings
-    from partitioners.assign import random_assignment
-    from partitioners.stats import total_variation
+    from degnn.partition.api import _settings
+    from degnn.partition.assign import random_assignment
+    from degnn.partition.stats import total_variation
 
     n, k, c = 40000, 4, 10
     labels = np.random.default_rng(0).integers(0, c, size=n)
@@ -333,7 +333,7 @@ def test_a_kernel_oom_kill_says_so(part, tmp_path):
 WRITE_AND_HANG = r"""
 import sys, time
 from pathlib import Path
-import partitioners.api as api
+import degnn.partition.api as api
 from hydra import compose, initialize_config_dir
 from degnn.config import CONF_DIR, register_configs
 register_configs()

@@ -527,7 +527,7 @@ def test_lamp_services_are_registered_explicitly():
     from degnn.entry import compose_config
     from degnn.runtime import services
 
-    # every server and trainer of a lamp run registers what conf/pipeline/lamp.yaml lists
+    # every server and trainer of a lamp run registers what degnn/conf/pipeline/lamp.yaml lists
     ids = {sid: req for sid, req, _ in services.all_services(compose_config(["pipeline=lamp"]).pipeline.services)}
     assert {7710, 7711, 7712, 7713, 7714, 7715, 7716} <= set(ids)
     assert ids[7714] is service.LampRequest
@@ -721,7 +721,7 @@ def test_unknown_lamp_key_fails_at_compose_time():
 
 
 def test_report_puts_lamp_beside_distdgl_and_plots_bytes_against_layers(tmp_path):
-    from benchmarks.report import write_report
+    from degnn.bench.report import write_report
 
     def run(name, **summary):
         d = tmp_path / name

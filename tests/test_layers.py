@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-ROOTS = ("degnn", "partitioners", "benchmarks")
+ROOTS = ("degnn",)
 
 # lowest first; a package may import its own modules and those of lower layers only
 LAYERS = [
@@ -20,10 +20,10 @@ LAYERS = [
     {"degnn.data", "degnn.metrics", "degnn.models"},
     {"degnn.runtime"},
     {"degnn.tasks"},
-    {"degnn.pipelines", "partitioners"},
+    {"degnn.pipelines", "degnn.partition"},
     {"degnn.entry"},
     {"degnn.train", "degnn.launch", "degnn.demo"},
-    {"benchmarks"},
+    {"degnn.bench"},
 ]
 LAYER = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 MODULE_STRING = re.compile(r"(?:%s)(?:\.\w+)*(?::\w+)?" % "|".join(ROOTS))

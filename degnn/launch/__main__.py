@@ -1,6 +1,6 @@
 """`python -m degnn.launch <hydra overrides>`: start a cluster job (or a sweep of them with -m).
 
-Each Hydra job: build or find the partitions (`partitioners.ensure_partitions`), then run one
+Each Hydra job: build or find the partitions (`degnn.partition.ensure_partitions`), then run one
 cluster in the job's own output directory (`cluster.dry_run=true`: print the plan, with the
 partitions it would build, and build nothing). `-m` sweeps run one cluster after another; the
 processes themselves always run a single job (`hydra.run.dir=<that directory>`), never a sweep.
@@ -50,7 +50,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def config_dirs(hc) -> list:
-    """The folders Hydra composes from (conf/ and those on hydra.searchpath)."""
+    """The folders Hydra composes from (degnn/conf/ and those on hydra.searchpath)."""
     return [s.path for s in hc.runtime.config_sources if s.schema == "file" and s.path]
 
 
@@ -58,7 +58,7 @@ def _print_partition_report(part_config) -> None:
     import json
     from pathlib import Path
 
-    from partitioners.stats import format_table
+    from degnn.partition.stats import format_table
 
     stats = Path(part_config).parent / "stats.json"
     if stats.is_file():
@@ -93,7 +93,7 @@ def main(cfg: DictConfig) -> None:
     except (LaunchError, NotImplementedError, ValueError) as e:
         _fail(str(e))
     try:
-        from partitioners import ensure_partitions, planned_partitions
+        from degnn.partition import ensure_partitions, planned_partitions
     except ImportError as e:
         _fail(f"partitioners.ensure_partitions is not available ({_one_line(e)})")
     if cfg.cluster.dry_run:  # the plan, with the partitions a real run uses or builds: no dataset
@@ -151,7 +151,7 @@ def _launch(cfg, run_dir: str, part_config: str, task: list) -> None:
 
 def _run_dir_args(argv) -> list:
     """(key, value) of the directories Hydra will create: hydra.run.dir, or hydra.sweep.dir for
-    -m; the defaults (conf/config.yaml) are under ./runs."""
+    -m; the defaults (degnn/conf/config.yaml) are under ./runs."""
     multirun = any(a in ("-m", "--multirun") for a in argv)
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     given = [a.split("=", 1)[1] for a in argv if a.split("=", 1)[0].lstrip("+~") == key]

@@ -1,6 +1,6 @@
 """The accuracy reference: the same model trained in one process on the whole graph.
 
-`python -m benchmarks.single_process dataset=wordnet model.layers=2 ...` (same config as
+`python -m degnn.bench.single_process dataset=wordnet model.layers=2 ...` (same config as
 degnn.launch). Same split, same model, same sampler fan-outs and batch size, trained until the
 validation metric stops improving (train.patience), best-validation model, full-neighbour
 inference for validation and test. Writes summary.json and curve.jsonl like a distributed run

@@ -1,7 +1,7 @@
 """Node-to-part assignments: the only thing that differs between the three methods.
 
 Every method returns an int64 numpy vector ``part[i]`` (the part of original node ``i``); the
-same writer (`partitioners.writer`) then turns any assignment into DGL's partition format.
+same writer (`degnn.partition.writer`) then turns any assignment into DGL's partition format.
 
 * ``random``: every node draws its part uniformly and independently, as DistDGL's
   ``part_method="random"`` and RandomTMA's "random-nodes" do, from a stream of its own
@@ -22,7 +22,7 @@ import numpy as np
 METHODS = ("random", "metis", "supernode")
 
 # mixed into the random method's seed: its stream is nobody else's (part of the cache key,
-# partitioners/api.py: a new stream is a new folder)
+# degnn/partition/api.py: a new stream is a new folder)
 RANDOM_STREAM = 0x5EED_9A27
 
 # a super-node holds at least this many nodes on average (see effective_num_supernodes)

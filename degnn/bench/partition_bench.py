@@ -1,12 +1,12 @@
 """Partitioner benchmark: degnn's random / metis / supernode next to DGL's own partition_graph.
 
-    python -m benchmarks.partition_bench [--datasets synthetic-arxiv wordnet] [--parts 4]
+    python -m degnn.bench.partition_bench [--datasets synthetic-arxiv wordnet] [--parts 4]
 
 Every (dataset, method, implementation) runs in its own subprocess, which loads the dataset
 through `degnn.data.load_dataset` and partitions it into a scratch folder. Reported per run:
 partitioning wall time (dataset loading excluded), the child's peak RSS (``wait4`` rusage of that
 child, so it includes the loaded graph; "RSS after load" is given next to it), and the partition
-statistics of `partitioners.partition_stats` (edge cut, label TV over training nodes, balance),
+statistics of `degnn.partition.partition_stats` (edge cut, label TV over training nodes, balance),
 computed the same way for DGL's partitions from its returned id mapping. DGL's
 `dgl.distributed.partition_graph` takes only ``random`` and ``metis`` (metis with
 ``balance_ntypes=train_mask, balance_edges=True``, as ours), so supernode has no DGL row.
@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
+ROOT = Path(__file__).resolve().parents[2]  # the folder holding the degnn package
+RESULTS = Path.cwd() / "benchmarks" / "results"
 
 
 def _rss_mb() -> float:
@@ -50,7 +50,7 @@ def worker(args) -> None:
     import numpy as np
     import torch
 
-    from partitioners import partition_graph, partition_stats
+    from degnn.partition import partition_graph, partition_stats
 
     t0 = time.time()
     g = _load(args.dataset)
@@ -112,12 +112,12 @@ def worker(args) -> None:
 
 def run_one(dataset, method, impl, parts, seed, workdir, timeout, repeat=1):
     result = Path(workdir) / f"result-{impl}-{method}.json"
-    cmd = [sys.executable, "-m", "benchmarks.partition_bench", "--worker", "--dataset", dataset,
+    cmd = [sys.executable, "-m", "degnn.bench.partition_bench", "--worker", "--dataset", dataset,
            "--method", method, "--impl", impl, "--parts", str(parts), "--seed", str(seed), "--repeat", str(repeat),
            "--workdir", str(workdir), "--result", str(result)]
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     log = open(Path(workdir) / f"log-{impl}-{method}.txt", "w")
-    p = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    p = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
     t0 = time.time()
     status = None
     while status is None:

@@ -7,7 +7,7 @@ Public API:
     planned_partitions(dataset_cfg, partition_cfg) -> (Path, bool) # that JSON, and whether it is built
     compute_assignment(graph, method, num_parts, ...) -> np.ndarray
     partition_stats(graph, part, num_parts) -> dict
-CLI: ``python -m partitioners dataset=<name> partition=<method> partition.num_parts=K out=<dir>``.
+CLI: ``python -m degnn.partition dataset=<name> partition=<method> partition.num_parts=K out=<dir>``.
 """
 from .assign import METHODS, PartitionError, compute_assignment, effective_num_supernodes
 from .api import cache_dir, ensure_partitions, is_complete, partition_graph, planned_partitions

@@ -1,7 +1,7 @@
 """The benchmark report: every run's summary.json under a results folder -> report.md + PNG plots,
 and runs.csv (one row per run, a column per summary key).
 
-`python -m benchmarks.report <results folder>` rewrites the report of an earlier `make bench`.
+`python -m degnn.bench.report <results folder>` rewrites the report of an earlier `make bench`.
 """
 from __future__ import annotations
 
@@ -209,7 +209,7 @@ def parity(runs: List[dict]) -> List[str]:
     if not rows:
         return []
     return ["## Parity with a plain DGL trainer", "",
-            "`pipeline=distdgl` against `benchmarks/plain_dgl.py` (DistGraph, DistNodeDataLoader, "
+            "`pipeline=distdgl` against `degnn/bench/plain_dgl.py` (DistGraph, DistNodeDataLoader, "
             "dgl.nn.SAGEConv, DDP) on the same cluster and partitions, run one after the other in both "
             "orders. Epoch time is the median over all epochs of all runs of a side; bytes are on the "
             "wire during training; test accuracy of the final model after the same epochs (mean over "

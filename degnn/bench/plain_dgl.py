@@ -8,7 +8,7 @@ and test accuracy. No degnn code runs in the training loop: degnn only reads the
 (so both sides get the same fan-outs, batch size, seed, ...) and writes summary.json.
 
 Started by the launcher in place of degnn.train on the same cluster and partitions:
-`python -m degnn.launch cluster.entry=benchmarks.plain_dgl ...`.
+`python -m degnn.launch cluster.entry=degnn.bench.plain_dgl ...`.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""`python -m benchmarks bench=<default|quick|ogb>`: run the suites, then write the report.
+"""`python -m degnn.bench bench=<default|quick|ogb>`: run the suites, then write the report.
 
 Each suite is a Hydra multirun of `degnn.launch` (one cluster per job) or of
-`benchmarks.single_process` (the accuracy reference), with its sweep directory inside the results
+`degnn.bench.single_process` (the accuracy reference), with its sweep directory inside the results
 folder; afterwards every summary.json there goes into report.md and the PNG plots.
 """
 from __future__ import annotations
@@ -20,7 +20,6 @@ from degnn.config import CONF_DIR, register_configs
 from .report import write_report
 
 register_configs()
-REPO = Path(__file__).resolve().parent.parent
 
 
 def missing_datasets(suite) -> List[str]:
@@ -42,7 +41,7 @@ def missing_datasets(suite) -> List[str]:
 
 @hydra.main(config_path=CONF_DIR, config_name="bench", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    out = Path(cfg.out) if cfg.out else REPO / "benchmarks" / "results" / time.strftime("%Y%m%d-%H%M%S")
+    out = Path(cfg.out) if cfg.out else Path.cwd() / "benchmarks" / "results" / time.strftime("%Y%m%d-%H%M%S")
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     failed = []
@@ -57,7 +56,7 @@ def main(cfg: DictConfig) -> None:
             cmd = [sys.executable, "-m", suite.module, "-m", *suite.overrides,
                    f"hydra.sweep.dir={out / suite.name}", "hydra.sweep.subdir=${hydra.job.num}"]
             print(f"bench {cfg.bench.name}: suite {suite.name}: {' '.join(cmd[1:])}", flush=True)
-            rc = subprocess.run(cmd, cwd=REPO).returncode
+            rc = subprocess.run(cmd, cwd=out.parent).returncode
             if rc != 0:
                 failed.append(suite.name)
                 print(f"bench: suite {suite.name} failed (exit {rc}); its runs are reported as far as they got",

@@ -1,7 +1,7 @@
 """Partition statistics (stats.json) computed from the graph and a node assignment.
 
 Everything is computed from the original graph and ``part[i]`` alone, so the same function
-describes our partitions and DGL's own (`benchmarks/partition_bench.py`).
+describes our partitions and DGL's own (`degnn/bench/partition_bench.py`).
 
 * per part: ``nodes`` (owned / inner nodes), ``edges`` (inner edges: DGL gives an edge to the part
   of its destination), ``train_nodes``, ``halo_nodes`` (1-hop: distinct sources of inner edges

@@ -1,4 +1,4 @@
-"""`python -m partitioners dataset=<name> partition=<random|metis|supernode> partition.num_parts=K out=<dir>`
+"""`python -m degnn.partition dataset=<name> partition=<random|metis|supernode> partition.num_parts=K out=<dir>`
 
 Loads the dataset through `degnn.data.load_dataset`, partitions it into `out` (DGL's partition
 format, `stats.json`, `COMPLETE`) and prints the statistics as a table. Hydra multirun works,

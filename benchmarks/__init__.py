@@ -1,1 +1,0 @@
-"""degnn benchmarks: `make bench` (python -m benchmarks) and the partition benchmark."""

@@ -1,0 +1,1 @@
+"""degnn benchmarks: `make bench` (python -m degnn.bench) and the partition benchmark."""
