@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -98,76 +98,6 @@ class PipelineConfig:
 
 
 @dataclass
-class TMAConfig(PipelineConfig):
-    """pipeline=tma (degnn/pipelines/tma): the schema of degnn/conf/pipeline/tma.yaml only, so a mistyped
-    TMA key fails at compose time and `pipeline=distdgl` has none of these keys.
-
-    Durations are strings ("30s", "2min", "1h") or plain seconds; the launcher checks them (and
-    the rest) before it starts anything (TMAPipeline.prepare_launch).
-    """
-
-    name: str = "tma"
-    # random (RandomTMA) | supernode (SuperTMA) | psgd-pa | llcg; picks the partition method
-    # (random, supernode, metis, metis) unless `partition=` is given on the command line
-    variant: str = "random"
-    # wall time of local training between two model averagings
-    sync_every: str = "30s"
-    # training-time budget (evaluation excluded, as in the paper's clock)
-    time_limit: str = "3min"
-    # uniform (the paper's unweighted mean) | train_nodes (weighted by each trainer's train nodes;
-    # link task: by its training edges)
-    weighting: str = "uniform"
-    # gradient clipping by global norm (0 = off), from `grad_clip_since` local epochs on
-    grad_clip: float = 1.0
-    grad_clip_since: float = 2.0
-    # llcg: Adam steps on whole-graph mini-batches after each averaging
-    corr_steps: int = 2
-    # partitions (0-based, = machine index) whose trainer never trains (the paper's failure simulation)
-    drop_parts: List[int] = field(default_factory=list)
-    # a round closes without a trainer that has not submitted this long after the first one did
-    round_timeout: str = "5s"
-    # the evaluating trainer is declared dead after this long without a heartbeat
-    evaluator_timeout: str = "60s"
-    # fault injection (benchmarks, tests): trainer `kill_rank` SIGKILLs itself once it has trained
-    # for `kill_at` (a real death: no clean-up, nothing said to anyone)
-    kill_rank: Optional[int] = None
-    kill_at: str = "0s"
-    # train: at the first step past `kill_at`; eval: in the first evaluation it leads after that
-    kill_during: str = "train"
-
-
-@dataclass
-class LAMPConfig(PipelineConfig):
-    """pipeline=lamp (degnn/pipelines/lamp): the schema of degnn/conf/pipeline/lamp.yaml, so a mistyped
-    LAMP key fails at compose time."""
-
-    name: str = "lamp"
-    # quantization of historical embeddings and of the owners' answers: 32 | 16 | 8 | 4 | 2
-    bits: int = 8
-    # halo history rows are refreshed from their owners every this many steps
-    sync_every: int = 10
-    # rows a halo sync may move, as a share of the LAMP answer rows this trainer received since the
-    # last sync; the oldest halo rows go first (round robin over layers and nodes). null: every
-    # halo row written since the last sync (bytes then grow with the layers: one table per layer)
-    sync_budget: Optional[float] = 0.25
-    # the model's lower layers are shipped to the machine's graph servers every this many steps
-    weight_sync_every: int = 1
-    # stop: owner answers and history rows are constants for the backward pass (GAS semantics)
-    grad: str = "stop"
-    # the asynchronous pipeline: the requests of batch i+prefetch are in flight while batch i
-    # trains (0 = synchronous); history pushes, weights and halo sync then run in the background
-    prefetch: int = 1
-    # two-level computation-graph fusion: each (node, layer) computed once per computation graph,
-    # and owners merge the LAMP requests queued for them into one graph (false: every path of
-    # every request computed on its own, for the ablation)
-    fusion: bool = True
-    # where the owners' preparation runs: trainer (each machine's trainer process, over
-    # torch.distributed; one trainer per machine; measured a little faster here, bench=lamp's
-    # ablation-engine) or server (DGL's graph servers, over DGL RPC; any number of trainers)
-    engine: str = "trainer"
-
-
-@dataclass
 class PartitionConfig:
     # random | metis | supernode
     method: str = MISSING
@@ -224,7 +154,9 @@ class Config:
     dataset: DatasetConfig = MISSING
     model: ModelConfig = MISSING
     train: TrainConfig = field(default_factory=TrainConfig)
-    pipeline: PipelineConfig = MISSING
+    # open at compose time: the pipeline class's own schema (Pipeline.config_schema, a subclass of
+    # PipelineConfig in its folder) types it once the class is known (degnn.pipelines.typed_config)
+    pipeline: Any = MISSING
     partition: PartitionConfig = MISSING
     cluster: ClusterConfig = MISSING
     # a previous run directory to continue from (its last checkpoint)
@@ -276,9 +208,6 @@ class BenchJob:
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
-    # per-pipeline schemas, named in the `defaults` of degnn/conf/pipeline/<name>.yaml
-    cs.store(group="pipeline", name="tma_schema", node=TMAConfig)
-    cs.store(group="pipeline", name="lamp_schema", node=LAMPConfig)
     cs.store(name="partition_schema", node=PartitionJob)
     cs.store(name="bench_schema", node=BenchJob)
 

@@ -25,7 +25,7 @@ import uuid
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from degnn.config import LAMPConfig, PipelineConfig, TMAConfig
+from degnn.config import CONF_DIR
 
 # the same model, layers, fan-outs and batch size for every pipeline: a fair byte comparison
 COMMON = ["dataset=synthetic-tiny", "model=sage", "model.layers=3", "model.fanouts=[10,10,10]",
@@ -39,7 +39,6 @@ RUNS: List[Tuple[str, List[str], str]] = [
     ("tma", ["pipeline=tma", "pipeline.variant=random", "pipeline.time_limit=12s", "pipeline.sync_every=3s"],
      "RandomTMA: one model per machine on its own partition, averaged every 3 s for 12 s"),
 ]
-SCHEMAS = {"distdgl": PipelineConfig, "lamp": LAMPConfig, "tma": TMAConfig}
 
 
 def netns_permitted() -> bool:
@@ -54,7 +53,12 @@ def netns_permitted() -> bool:
 
 def args_for(pipeline: str, args: Sequence[str]) -> List[str]:
     """The user's arguments for one run: `pipeline.KEY=` ones only where that pipeline has KEY."""
-    keys = {f.name for f in dataclasses.fields(SCHEMAS[pipeline])} - {"name"}
+    from hydra.utils import get_class
+
+    from degnn.pipelines import known_pipelines
+
+    schema = get_class(known_pipelines([CONF_DIR])[pipeline]).config_schema
+    keys = {f.name for f in dataclasses.fields(schema)} - {"name"}
     if pipeline == "distdgl":
         keys = set()  # its variant is always "default"
     out = []

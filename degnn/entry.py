@@ -46,6 +46,9 @@ def compose_config(overrides: List[str]):
         cfg = compose("config", overrides=[o for o in overrides
                                            if not o.startswith("hydra.") or o.startswith("hydra.searchpath=")])
     OmegaConf.resolve(cfg)
+    from degnn.pipelines import typed_config
+
+    typed_config(cfg)
     return cfg
 
 

@@ -705,19 +705,19 @@ def test_bench_lamp_composes_and_pairs_every_lamp_suite_with_distdgl():
         assert job.pipeline.name in ("lamp", "distdgl") and len(job.model.fanouts) == job.model.layers
 
 
-def test_unknown_lamp_key_fails_at_compose_time():
-    from hydra import compose, initialize_config_dir
+def test_unknown_or_mistyped_lamp_key_is_refused_before_anything_starts():
     from hydra.errors import ConfigCompositionException
 
-    from degnn.config import CONF_DIR, register_configs
+    from degnn.entry import compose_config
 
-    register_configs()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        assert compose("config", overrides=["pipeline=lamp", "pipeline.bits=4"]).pipeline.bits == 4
-        with pytest.raises(ConfigCompositionException):
-            compose("config", overrides=["pipeline=lamp", "pipeline.bitz=4"])
-        with pytest.raises(ConfigCompositionException):
-            compose("config", overrides=["pipeline=lamp", "pipeline.sync_every=often"])
+    cfg = compose_config(["pipeline=lamp", "pipeline.bits=4"])
+    assert cfg.pipeline.bits == 4 and cfg.pipeline.engine == "trainer"
+    with pytest.raises(ConfigCompositionException):  # a typo: not in pipeline/lamp.yaml
+        compose_config(["pipeline=lamp", "pipeline.bitz=4"])
+    with pytest.raises(ValueError, match=r"pipeline.sync_every='often': pipeline=lamp expects int"):
+        compose_config(["pipeline=lamp", "pipeline.sync_every=often"])  # typed by LAMPConfig
+    with pytest.raises(ValueError, match=r"pipeline.bitz: pipeline=lamp has no such key"):
+        compose_config(["pipeline=lamp", "+pipeline.bitz=4"])
 
 
 def test_report_puts_lamp_beside_distdgl_and_plots_bytes_against_layers(tmp_path):

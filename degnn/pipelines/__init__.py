@@ -28,6 +28,39 @@ def pipeline_class(cfg):
                          f"({type(cause).__name__}: {str(cause).splitlines()[0] if str(cause) else ''})") from None
 
 
+def typed_config(cfg):
+    """Type `cfg.pipeline` by its class's schema (Pipeline.config_schema), in place, and return the
+    class; ValueError (one line) naming an unknown key or a value of the wrong type."""
+    import dataclasses
+
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import ConfigKeyError, ValidationError
+
+    cls = pipeline_class(cfg)
+    schema = cls.config_schema
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(schema), cfg.pipeline)
+    except ConfigKeyError as e:
+        keys = ", ".join(f.name for f in dataclasses.fields(schema) if not f.name.startswith("_"))
+        raise ValueError(f"pipeline.{e.key}: pipeline={cfg.pipeline.name} has no such key; remove it or "
+                         f"fix its spelling (its keys: {keys})") from None
+    except ValidationError as e:
+        raise ValueError(f"pipeline.{e.key}={e.value!r}: pipeline={cfg.pipeline.name} expects "
+                         f"{_type_name(schema, e.key)} there") from None
+    with open_dict(cfg):
+        cfg.pipeline = typed
+    return cls
+
+
+def _type_name(schema, key) -> str:
+    import dataclasses
+
+    for f in dataclasses.fields(schema):
+        if f.name == key:
+            return str(f.type).replace("typing.", "")
+    return "another type"
+
+
 def known_pipelines(search_dirs: List[str]) -> Dict[str, str]:
     """name -> _target_ of every pipeline config in `search_dirs` (their pipeline/*.yaml)."""
     from pathlib import Path

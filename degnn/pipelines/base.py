@@ -24,6 +24,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import torch
 
+from degnn.config import PipelineConfig
 from degnn.metrics import PhaseTimer, WireCounter
 
 
@@ -31,6 +32,9 @@ class Pipeline:
     name = "base"
     # the dataset tasks (dataset.task) it trains; the launcher refuses others before anything starts
     tasks: Tuple[str, ...] = ("node",)
+    # the dataclass of its `pipeline.*` keys (a subclass of PipelineConfig in its own folder): an
+    # unknown key or a wrong type is refused before anything starts (degnn.pipelines.typed_config)
+    config_schema = PipelineConfig
     # The launcher's fault policy is the pipeline's to declare. False: trainers meet in gloo
     # collectives (all-reduce, barrier, all_gather), which hang or abort on a dead peer, so one dead
     # process stops the cluster. True (TMA): trainers never use torch.distributed (the entry does

@@ -13,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from degnn.metrics import ring_allreduce_bytes, timed_allreduce_hook
 from degnn.pipelines.base import Pipeline
+from degnn.pipelines.lamp.config import LAMPConfig
 from degnn.pipelines.lamp.compute import GradRows, HistoryPull, HistoryRows, Roots, Weights, add_grads
 from degnn.pipelines.lamp.graph import CompGraph, LocalGraph, fusion_counts, unfold
 from degnn.pipelines.lamp.halo import HaloSync
@@ -97,6 +98,7 @@ class Batch(NamedTuple):
 class LAMPPipeline(Pipeline):
     name = "lamp"
     tasks = ("node",)
+    config_schema = LAMPConfig
     byte_categories = {"lamp_request": "a batch's roots to the machines that own them",
                        "lamp_response": "the owners' prepared hidden states of those roots",
                        "history_sync": "halo history rows pulled from their owners",

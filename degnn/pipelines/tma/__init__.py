@@ -53,6 +53,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from degnn.config import CONF_DIR
 from degnn.pipelines.base import Pipeline
 
+from .config import TMAConfig
 from .local import build_local_data
 from .rounds import Replaced, RoundLoop
 from .service import CoordinatorClient
@@ -107,6 +108,7 @@ class TMASummary:
 class TMAPipeline(Pipeline):
     name = "tma"
     tasks = ("node", "link")
+    config_schema = TMAConfig
     tolerates_trainer_faults = True
     max_trainers_per_machine = 1  # one model per machine (its partition)
     byte_categories = {"averaging": "parameters up to the averaging service and the mean back",

@@ -1,0 +1,38 @@
+"""pipeline=lamp's config schema (Pipeline.config_schema of LAMPPipeline)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from degnn.config import PipelineConfig
+
+
+@dataclass
+class LAMPConfig(PipelineConfig):
+    """The keys of pipeline=lamp (degnn/conf/pipeline/lamp.yaml): a mistyped key or a wrong type is
+    refused before anything starts (degnn.pipelines.typed_config)."""
+
+    name: str = "lamp"
+    # quantization of historical embeddings and of the owners' answers: 32 | 16 | 8 | 4 | 2
+    bits: int = 8
+    # halo history rows are refreshed from their owners every this many steps
+    sync_every: int = 10
+    # rows a halo sync may move, as a share of the LAMP answer rows this trainer received since the
+    # last sync; the oldest halo rows go first (round robin over layers and nodes). null: every
+    # halo row written since the last sync (bytes then grow with the layers: one table per layer)
+    sync_budget: Optional[float] = 0.25
+    # the model's lower layers are shipped to the machine's graph servers every this many steps
+    weight_sync_every: int = 1
+    # stop: owner answers and history rows are constants for the backward pass (GAS semantics)
+    grad: str = "stop"
+    # the asynchronous pipeline: the requests of batch i+prefetch are in flight while batch i
+    # trains (0 = synchronous); history pushes, weights and halo sync then run in the background
+    prefetch: int = 1
+    # two-level computation-graph fusion: each (node, layer) computed once per computation graph,
+    # and owners merge the LAMP requests queued for them into one graph (false: every path of
+    # every request computed on its own, for the ablation)
+    fusion: bool = True
+    # where the owners' preparation runs: trainer (each machine's trainer process, over
+    # torch.distributed; one trainer per machine; measured a little faster here, bench=lamp's
+    # ablation-engine) or server (DGL's graph servers, over DGL RPC; any number of trainers)
+    engine: str = "trainer"

@@ -1,0 +1,46 @@
+"""pipeline=tma's config schema (Pipeline.config_schema of TMAPipeline)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from degnn.config import PipelineConfig
+
+
+@dataclass
+class TMAConfig(PipelineConfig):
+    """The keys of pipeline=tma (degnn/conf/pipeline/tma.yaml): a mistyped key or a wrong type is
+    refused before anything starts (degnn.pipelines.typed_config), and other pipelines have none of them.
+
+    Durations are strings ("30s", "2min", "1h") or plain seconds; the launcher checks them (and
+    the rest) before it starts anything (TMAPipeline.prepare_launch).
+    """
+
+    name: str = "tma"
+    # random (RandomTMA) | supernode (SuperTMA) | psgd-pa | llcg; picks the partition method
+    # (random, supernode, metis, metis) unless `partition=` is given on the command line
+    variant: str = "random"
+    # wall time of local training between two model averagings
+    sync_every: str = "30s"
+    # training-time budget (evaluation excluded, as in the paper's clock)
+    time_limit: str = "3min"
+    # uniform (the paper's unweighted mean) | train_nodes (weighted by each trainer's train nodes;
+    # link task: by its training edges)
+    weighting: str = "uniform"
+    # gradient clipping by global norm (0 = off), from `grad_clip_since` local epochs on
+    grad_clip: float = 1.0
+    grad_clip_since: float = 2.0
+    # llcg: Adam steps on whole-graph mini-batches after each averaging
+    corr_steps: int = 2
+    # partitions (0-based, = machine index) whose trainer never trains (the paper's failure simulation)
+    drop_parts: List[int] = field(default_factory=list)
+    # a round closes without a trainer that has not submitted this long after the first one did
+    round_timeout: str = "5s"
+    # the evaluating trainer is declared dead after this long without a heartbeat
+    evaluator_timeout: str = "60s"
+    # fault injection (benchmarks, tests): trainer `kill_rank` SIGKILLs itself once it has trained
+    # for `kill_at` (a real death: no clean-up, nothing said to anyone)
+    kill_rank: Optional[int] = None
+    kill_at: str = "0s"
+    # train: at the first step past `kill_at`; eval: in the first evaluation it leads after that
+    kill_during: str = "train"
