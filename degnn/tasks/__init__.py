@@ -15,6 +15,9 @@ from typing import Dict, List
 
 import torch
 
+from degnn.runtime.device import to_device
+
+
 class Task:
     """What every task provides (see node.NodeTask and link.LinkTask)."""
 
@@ -68,8 +71,12 @@ class Task:
     def loss(self, model, batch, x, y) -> torch.Tensor:
         raise NotImplementedError
 
-    def batch_loss(self, model, batch, feat, label=None) -> torch.Tensor:
-        return self.loss(model, batch, *self.inputs(batch, feat, label))
+    def batch_loss(self, model, batch, feat, label=None, device=None) -> torch.Tensor:
+        """The loss of a batch of a local graph; the batch and its inputs on `device` first."""
+        batch, x, y = (batch, *self.inputs(batch, feat, label))
+        if device is not None:
+            batch, x, y = to_device((batch, x, y), device)
+        return self.loss(model, batch, x, y)
 
     def lookup_bytes(self, pb, batch) -> int:
         """Bytes of a DistGraph batch's lookups besides sampling and features (0 for nodes)."""

@@ -13,6 +13,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from degnn.metrics import ring_allreduce_bytes, timed_allreduce_hook
 from degnn.pipelines.base import Pipeline
+from degnn.runtime.device import to_device
 from degnn.pipelines.lamp.config import LAMPConfig
 from degnn.pipelines.lamp.compute import GradRows, HistoryPull, HistoryRows, Roots, Weights, add_grads
 from degnn.pipelines.lamp.graph import CompGraph, LocalGraph, fusion_counts, unfold
@@ -324,9 +325,13 @@ class LAMPPipeline(Pipeline):
         the gradient rows of the owners' answers back to them)."""
         b, (cg, x, leaves, top_h) = batch
         y = self.local_label[self.pb.nid2localnid(b.seeds, self.me).long()].long()
+        # the trainer's forward on train.device; owners, histories and their messages stay on the
+        # CPU (a leaf moved to the device still passes its gradient back to top_h)
+        blocks, x, leaves, y = to_device((cg.blocks, x, leaves, y), self.device)
         with self.timer("compute"):
-            out, hidden = self.ddp(cg.blocks, x, leaves)
+            out, hidden = self.ddp(blocks, x, leaves)
             loss = F.cross_entropy(out, y)
+        hidden = [h.cpu() for h in hidden]
         # the owners' gradients join this step's all-reduce (DDP sums into .grad); DDP all-reduces
         # the gradients of the trainer's own sub-graph
         value = self.optimize(loss, before_backward=self._apply_owner_grads if self.push else None)

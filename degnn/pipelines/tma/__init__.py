@@ -232,7 +232,7 @@ class TMAPipeline(Pipeline):
             self._maybe_die(self.train_s, "training")
         self.task.observe(batch)
         self.model.train()
-        loss = self.task.batch_loss(self.model, batch, self.local.graph.ndata["feat"], self.label)
+        loss = self.task.batch_loss(self.model, batch, self.local.graph.ndata["feat"], self.label, self.device)
         clip = p.grad_clip if p.grad_clip > 0 and self.batches / self.steps_per_epoch >= p.grad_clip_since else 0.0
         self.batches += 1
         return self.optimize(loss, clip)
