@@ -596,7 +596,7 @@ def test_two_machine_lamp_run_trains_and_counts_its_bytes(roots, tmp_path):
     """engine=server: the owners' preparation in the graph servers, over DGL RPC; the trainers'
     top blocks are fed the servers' answers."""
     p = launch(tmp_path, "pipeline=lamp", "pipeline.engine=server", "cluster.entry=tests.lamp_answers_probe", "model.layers=3", "model.fanouts=[10,10,5]",
-               "train.batch_size=100", "train.epochs=2", "pipeline.sync_every=3", "pipeline.prefetch=2", *roots)
+               "train.batch_size=100", "train.epochs=2", "pipeline.halo_sync_steps=3", "pipeline.prefetch=2", *roots)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["pipeline"] == "lamp" and s["status"] == "ok" and s["bits"] == 8 and s["layers"] == 3, s
@@ -615,7 +615,7 @@ def test_two_machine_lamp_run_trains_and_counts_its_bytes(roots, tmp_path):
     # the halo sync's budget (default 0.25): at most a quarter as many rows as the LAMP answers carried
     assert s["sync_budget"] == 0.25 and 0 < s["history_sync_rows_per_batch"] <= 0.25 * s["roots_per_batch"], s
     assert s["local_bytes_by_category"]["weights"] > 0 and s["setup_bytes"] > 0, s
-    # the asynchronous pipeline: answers computed with weights at most prefetch + weight_sync_every
+    # the asynchronous pipeline: answers computed with weights at most prefetch + weight_sync_steps
     # (+1: trainers a step apart) steps old; fusion saves computations; where the time went
     assert s["prefetch"] == 2 and s["fusion"] is True, s
     assert 0 < s["owner_version_lag_mean"] <= s["owner_version_lag_max"] <= 2 + 1 + 1, s
@@ -641,7 +641,7 @@ def test_two_machine_lamp_run_with_the_trainer_engine_and_pushed_gradients(roots
     trainers' top blocks are fed their peers' answers."""
     p = launch(tmp_path, "pipeline=lamp", "pipeline.engine=trainer", "pipeline.grad=push",
                "cluster.entry=tests.lamp_answers_probe", "model.layers=3",
-               "model.fanouts=[10,10,5]", "train.batch_size=100", "train.epochs=1", "pipeline.sync_every=3", *roots)
+               "model.fanouts=[10,10,5]", "train.batch_size=100", "train.epochs=1", "pipeline.halo_sync_steps=3", *roots)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "ok" and s["engine"] == "trainer" and s["grad"] == "push", s
@@ -714,8 +714,8 @@ def test_unknown_or_mistyped_lamp_key_is_refused_before_anything_starts():
     assert cfg.pipeline.bits == 4 and cfg.pipeline.engine == "trainer"
     with pytest.raises(ConfigCompositionException):  # a typo: not in pipeline/lamp.yaml
         compose_config(["pipeline=lamp", "pipeline.bitz=4"])
-    with pytest.raises(ValueError, match=r"pipeline.sync_every='often': pipeline=lamp expects int"):
-        compose_config(["pipeline=lamp", "pipeline.sync_every=often"])  # typed by LAMPConfig
+    with pytest.raises(ValueError, match=r"pipeline.halo_sync_steps='often': pipeline=lamp expects int"):
+        compose_config(["pipeline=lamp", "pipeline.halo_sync_steps=often"])  # typed by LAMPConfig
     with pytest.raises(ValueError, match=r"pipeline.bitz: pipeline=lamp has no such key"):
         compose_config(["pipeline=lamp", "+pipeline.bitz=4"])
 

@@ -26,11 +26,11 @@ One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
    own sub-graph only, and DDP all-reduces it as in distdgl.
 4. Fresh h^(1..L-1) of the batch's own nodes are pushed to the machine's histories (owners
    write theirs back too), only for *boundary* nodes (own nodes other machines hold as halo
-   nodes: the only own rows anyone reads, through the halo sync). Every `weight_sync_every`
+   nodes: the only own rows anyone reads, through the halo sync). Every `weight_sync_steps`
    steps the trainer ships the layers below the top to its own machine's owner (its graph
    server(s), or its own process): every machine has a trainer holding the same DDP weights,
    so owners never need weights from another machine (no wire). Every
-   `sync_every` steps each machine pulls halo history rows from their owners (quantized as
+   `halo_sync_steps` steps each machine pulls halo history rows from their owners (quantized as
    stored, with their stamps): with `pipeline.sync_budget=r` (default 0.25) as many rows as r x
    the LAMP answer rows its trainer received since the last sync, those refreshed longest ago
    first (a round robin over tables and halo nodes); with `sync_budget=null` every halo row
@@ -41,7 +41,7 @@ One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
    pushes, weights and halo sync of step 4 are sent without waiting and collected a step later.
    Answers of several batches in flight are routed by sequence number (service.receive) or
    come back in round order (owners.TrainerOwners). What
-   this costs: the owners answer with weights up to k (+ weight_sync_every) steps older, and
+   this costs: the owners answer with weights up to k (+ weight_sync_steps) steps older, and
    history rows are up to k steps older; both are measured (`owner_version_lag_*`,
    `history_age_*`).
 6. Two-level fusion (`pipeline.fusion`, graph.py, compute.py): every computation graph is a
@@ -59,7 +59,7 @@ Choices where the paper is silent (docs/background.md, "LAMP (DEGNN)"), and why:
   prepared fresh by its owner, so that table would never be read; a 2-layer model has no
   history at all (nothing to push or synchronise).
 * The halo sync has a byte budget (`pipeline.sync_budget`), not only a period. Syncing every
-  changed halo row moves |halo| x (L-2) rows per `sync_every` steps: on synthetic-arxiv (23k halo
+  changed halo row moves |halo| x (L-2) rows per `halo_sync_steps` steps: on synthetic-arxiv (23k halo
   nodes a machine) ten times the per-batch LAMP traffic at 3 layers and twice that at 4, so the
   bytes would grow with the layers after all: syncing every changed boundary row every R steps
   costs O(|boundary| (L-1) d_h b / R) bytes a step. With a budget of r x the answer rows the sync

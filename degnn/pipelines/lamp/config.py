@@ -16,13 +16,13 @@ class LAMPConfig(PipelineConfig):
     # quantization of historical embeddings and of the owners' answers: 32 | 16 | 8 | 4 | 2
     bits: int = 8
     # halo history rows are refreshed from their owners every this many steps
-    sync_every: int = 10
+    halo_sync_steps: int = 10
     # rows a halo sync may move, as a share of the LAMP answer rows this trainer received since the
     # last sync; the oldest halo rows go first (round robin over layers and nodes). null: every
     # halo row written since the last sync (bytes then grow with the layers: one table per layer)
     sync_budget: Optional[float] = 0.25
     # the model's lower layers are shipped to the machine's graph servers every this many steps
-    weight_sync_every: int = 1
+    weight_sync_steps: int = 1
     # stop: owner answers and history rows are constants for the backward pass (GAS semantics)
     grad: str = "stop"
     # the asynchronous pipeline: the requests of batch i+prefetch are in flight while batch i

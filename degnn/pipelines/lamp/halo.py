@@ -39,7 +39,7 @@ class HaloSync:
         received so far, `answerers(m)`: who answers for machine m (every one is asked: each writes
         back what it prepared). Kept as `pending` until `store`. The margin of `since`: trainers
         can be a step apart, and an owner stamps what it computes with the version of its
-        weights, up to weight_sync_every (+ prefetch) steps old."""
+        weights, up to weight_sync_steps (+ prefetch) steps old."""
         if not self.tables:  # two layers: no history is ever read
             return []
         asks, plan = [], []  # plan: per ask, (table index, halo position) of each row it asks for

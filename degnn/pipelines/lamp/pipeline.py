@@ -58,8 +58,8 @@ def check_lamp_config(pcfg, model_cfg, cluster_cfg=None) -> None:
                          f"owners, P3-style)")
     if model_cfg.layers < 2:
         raise ValueError("pipeline=lamp needs model.layers >= 2 (with one layer there is nothing to prepare)")
-    if pcfg.sync_every < 1 or pcfg.weight_sync_every < 1:
-        raise ValueError("pipeline.sync_every and pipeline.weight_sync_every must be >= 1")
+    if pcfg.halo_sync_steps < 1 or pcfg.weight_sync_steps < 1:
+        raise ValueError("pipeline.halo_sync_steps and pipeline.weight_sync_steps must be >= 1")
     if pcfg.sync_budget is not None and not pcfg.sync_budget >= 0:
         raise ValueError(f"pipeline.sync_budget must be >= 0 (halo rows per sync as a share of the LAMP answer "
                          f"rows since the last one) or null (every changed row), got {pcfg.sync_budget}")
@@ -162,7 +162,7 @@ class LAMPPipeline(Pipeline):
         # labels by local id too: no DGL RPC may run while LAMP answers are in flight (service.receive)
         self.local_label = g.ndata["label"].local_partition
         self.halo = HaloSync(self.lg, self.pb, self.L, int(cfg.train.seed) + self.ctx.rank, cfg.pipeline.sync_budget,
-                             int(cfg.pipeline.weight_sync_every) + self.prefetch)
+                             int(cfg.pipeline.weight_sync_steps) + self.prefetch)
         self.halo_x = torch.zeros(self.lg.num_nodes, self.in_dim)
         self.halo_x[self.halo.local] = g.ndata["feat"][self.halo.gid].float()
         self.setup_bytes = (len(self.halo.gid) * (8 + self.in_dim * 4)) if self.leader else 0
@@ -350,8 +350,8 @@ class LAMPPipeline(Pipeline):
             dist.barrier()
 
     def _after_step(self, cg: CompGraph, hidden: List[torch.Tensor]) -> None:
-        """History pushes of the batch's fresh rows, the weights every weight_sync_every steps,
-        the halo sync every sync_every steps; waited for at once with prefetch 0, else in the
+        """History pushes of the batch's fresh rows, the weights every weight_sync_steps steps,
+        the halo sync every halo_sync_steps steps; waited for at once with prefetch 0, else in the
         background (collected at the next step)."""
         pcfg = self.cfg.pipeline
         self._drain_background()
@@ -362,9 +362,9 @@ class LAMPPipeline(Pipeline):
                 pushes.append(HistoryRows.of(k + 1, cg.dst[k][keep], h[keep], self.step_no, self.bits))
         self.owners.push_history(pushes)
         self.step_no += 1
-        if self.step_no % pcfg.weight_sync_every == 0:
+        if self.step_no % pcfg.weight_sync_steps == 0:
             self._ship_weights(wait=False)
-        if self.step_no % pcfg.sync_every == 0 and self.leader and self.halo.pending is None:
+        if self.step_no % pcfg.halo_sync_steps == 0 and self.leader and self.halo.pending is None:
             # (a sync riding on the rounds may still be out: its answers come with a later batch)
             self.owners.sync_halo(self.halo.plan(self.step_no, self.stats["roots"], self.owners.answerers))
         if self.push:  # what the owners here computed for other trainers

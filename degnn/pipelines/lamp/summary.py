@@ -12,8 +12,8 @@ class LAMPSummary:
     bits: int
     engine: str
     grad: str
-    sync_every: int
-    weight_sync_every: int
+    halo_sync_steps: int
+    weight_sync_steps: int
     sync_budget: Optional[float]
     history_sync_rows_per_batch: float
     prefetch: int
@@ -49,13 +49,13 @@ def lamp_summary(ranks: List[dict], p, bits: int) -> LAMPSummary:
     stat = {k: sum(r["stats"][k] for r in ranks) for k in ranks[0]["stats"]}
     done, separate, unfolded = (sum(r["fusion"][i] for r in ranks) for i in range(3))
     return LAMPSummary(**{"bits": bits,
-            "engine": p.engine, "grad": p.grad, "sync_every": p.sync_every, "weight_sync_every": p.weight_sync_every,
+            "engine": p.engine, "grad": p.grad, "halo_sync_steps": p.halo_sync_steps, "weight_sync_steps": p.weight_sync_steps,
             "sync_budget": p.sync_budget,
             # halo history rows the syncs brought to this machine (per batch of a trainer)
             "history_sync_rows_per_batch": stat["sync_rows"] / batches,
             "prefetch": int(p.prefetch), "fusion": bool(p.fusion),
             # staleness the pipeline adds: steps between the owners' weights and the step that
-            # uses their answer (at most prefetch + weight_sync_every, +1 as trainers may be a
+            # uses their answer (at most prefetch + weight_sync_steps, +1 as trainers may be a
             # step apart)
             "owner_version_lag_mean": stat["lag_sum"] / stat["answers"] if stat["answers"] else None,
             "owner_version_lag_max": max(r["stats"]["lag_max"] for r in ranks),
