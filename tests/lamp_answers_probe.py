@@ -7,9 +7,9 @@ trainers run degnn's own entry; on a trainer, every batch's completion is watche
   to <run dir>/answers_rank<r>.json;
 * with DEGNN_PROBE_ZERO_ANSWERS=1 those rows are zeroed before training on them (a test-only
   switch, no config key), to compare what a run learns without the owners' answers. On
-  synthetic-tiny with two machines that comparison does not separate the two: the seeds' local
-  neighbours and the lower layers' history rows carry the same information, and the zeroed runs
-  reached the same accuracy within run-to-run spread, so the tests check the rows themselves.
+  synthetic-tiny that does not separate the two (the seeds' local neighbours and the lower
+  layers' history rows carry the same information); on a graph built so that only the answers
+  carry a remote seed's label (test_lamp.two_hop_graph) the zeroed run cannot fit its batches.
 """
 from __future__ import annotations
 

@@ -664,6 +664,63 @@ def test_two_machine_lamp_run_with_the_trainer_engine_and_pushed_gradients(roots
     assert_fed_the_owners_answers(tmp_path)
 
 
+def two_hop_graph(path, n=3000, seed=0):
+    """A graph whose labels only the owners' answers carry to a remote seed: each node v has one
+    in-neighbour u, u has one in-neighbour w, and v's label is w's key (the sign of w's feature 0).
+    With 2 layers, the only path from w to v's output is u's layer-1 hidden state (v's own layer 1
+    sees u's features, not w's), and when u is on the other machine that row is the owner's answer."""
+    g = torch.Generator().manual_seed(seed)
+    key = torch.randint(0, 2, (n,), generator=g)
+    src = torch.randint(0, n - 1, (n,), generator=g)
+    dst = torch.arange(n)
+    src = src + (src >= dst).long()  # no self-loops
+    feat = torch.randn(n, 8, generator=g) * 0.3
+    feat[:, 0] += key.float() * 2 - 1
+    graph = dgl.graph((src, dst), num_nodes=n)
+    split = torch.randperm(n, generator=g)
+    masks = [torch.zeros(n, dtype=torch.bool) for _ in range(3)]
+    for m, ids in zip(masks, (split[: n // 2], split[n // 2: 3 * n // 4], split[3 * n // 4:])):
+        m[ids] = True
+    graph.ndata.update({"feat": feat, "label": key[src[src]], "train_mask": masks[0],
+                        "val_mask": masks[1], "test_mask": masks[2]})
+    dgl.save_graphs(str(path), [graph])
+
+
+def last_loss(run_dir) -> float:
+    lines = [json.loads(line) for line in (run_dir / "curve.jsonl").read_text().splitlines()]
+    return lines[-1]["loss"]
+
+
+@needs_netns
+def test_a_run_fits_its_batches_only_with_the_owners_answers(tmp_path):
+    """The owners' answers are what the trainer learns from: on two_hop_graph with random parts
+    (about half of the seeds' in-neighbours on the other machine), the same run with those rows
+    zeroed on the trainer (DEGNN_PROBE_ZERO_ANSWERS=1) cannot fit the seeds whose in-neighbour
+    is remote: its training loss stays near half of ln 2 (0.33 measured) where the real run's
+    falls below 0.05 (0.007 measured). Both score well on the test split: evaluation is exact
+    whole-graph inference, and a model without the graph scores 0.5."""
+    graph = tmp_path / "two_hop.bin"
+    two_hop_graph(graph)
+    common = ["dataset=custom", f"dataset.path={graph}", "dataset.to_bidirected=false", "partition=random",
+              f"partition.root={tmp_path / 'parts'}", "pipeline=lamp", "cluster.entry=tests.lamp_answers_probe",
+              "model.layers=2", "model.fanouts=[5,5]", "train.batch_size=250", "train.epochs=10",
+              "train.eval_every=10", "train.lr=0.01"]
+    loss = {}
+    for zero in ("0", "1"):
+        run = tmp_path / f"zero{zero}"
+        env = dict(os.environ, DEGNN_PROBE_ZERO_ANSWERS=zero)
+        p = subprocess.run([sys.executable, "-m", "degnn.launch", "cluster=netns", "cluster.machines=2",
+                            "cluster.subnet=10.77.71", "cluster.port=31770", *common, f"hydra.run.dir={run}"],
+                           cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        s = json.loads((run / "summary.json").read_text())
+        assert s["status"] == "ok" and s["test"] > 0.9, s
+        a = json.loads((run / "answers_rank0.json").read_text())
+        assert a["rows"] > 0 and a["zeroed"] == (zero == "1"), a
+        loss[zero] = last_loss(run)
+    assert loss["0"] < 0.05 and loss["1"] > 0.2, loss
+
+
 def test_trainer_engine_refuses_several_trainers_a_machine_before_starting(tmp_path):
     p = subprocess.run([sys.executable, "-m", "degnn.launch", "pipeline=lamp", "pipeline.engine=trainer",
                         "cluster.trainers_per_machine=2", f"hydra.run.dir={tmp_path}"],
