@@ -108,6 +108,10 @@ class PartitionConfig:
     balance_edges: bool = True
     # partitions are cached here, keyed by dataset, method, K and seed
     root: str = "${oc.env:DEGNN_PARTITIONS,partitions}"
+    # a partition made elsewhere (its DGL partition config JSON: DGL's partition_graph or its
+    # distributed partitioning pipeline): trained as it is, never rebuilt; `dataset=` still names
+    # the task and its evaluation
+    path: Optional[str] = None
 
 
 @dataclass

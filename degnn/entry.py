@@ -36,6 +36,10 @@ class EntryError(RuntimeError):
     """A problem with how the process was started; the message says how to fix it."""
 
 
+class PartitionDataError(RuntimeError):
+    """The partition lacks node data the task reads (found once DGL is initialised)."""
+
+
 def compose_config(overrides: List[str]):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -109,6 +113,17 @@ def run_server(cfg, run_dir: Path) -> None:
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])  # never returns in a server
 
 
+def check_partition_data(task, graph, part_config) -> None:
+    """PartitionDataError naming the node data the task reads that the partition lacks (a
+    partition made elsewhere, partition.path)."""
+    have = set(graph.ndata.keys())
+    missing = [k for k in task.partition_fields() if k not in have]
+    if missing:
+        raise PartitionDataError(f"the partition {part_config} has no node data {', '.join(missing)} (it has "
+                                 f"{', '.join(sorted(have)) or 'none'}); partition a graph whose ndata "
+                                 f"holds {', '.join(task.partition_fields())}")
+
+
 def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     import dgl
     import torch
@@ -146,6 +161,7 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
         init_process_group(rank, world, timeout=datetime.timedelta(minutes=30))
     torch.manual_seed(cfg.train.seed + rank)
     graph = dgl.distributed.DistGraph(meta["graph_name"], part_config=str(part_config))
+    check_partition_data(task, graph, part_config)
     log.info("rank %d/%d (local %d) up in %.1fs; graph %s: %d nodes, %d edges, %d machines",
              rank, world, local_rank, time.time() - t0, meta["graph_name"], graph.num_nodes(),
              graph.num_edges(), machines)
@@ -189,7 +205,7 @@ def main(argv: List[str] | None = None) -> int:
     except EntryError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (CheckpointError, ProcessGroupError) as e:
+    except (CheckpointError, ProcessGroupError, PartitionDataError) as e:
         # after DGL's initialisation: leave without its exit barrier (see below), one line
         print(f"error: {e}", file=sys.stderr, flush=True)
         os._exit(2)

@@ -88,10 +88,23 @@ def main(cfg: DictConfig) -> None:
         check_trainers(pipeline_cls, cfg)
         check_model_config(cfg.model)
         # the pipeline's own checks; it may pick the partition (TMA's variants) for every process
-        task += pipeline_cls.prepare_launch(cfg, task)
+        picked = pipeline_cls.prepare_launch(cfg, task)
+        task += picked
         check_resume_dir(cfg, len(machines) * cfg.cluster.trainers_per_machine)
+        if cfg.partition.path:  # made elsewhere: checked, then used as it is
+            from degnn.partition import PartitionError, existing_partition
+
+            wants = [o.split("=", 1)[1] for o in picked if o.startswith("partition=")]
+            try:
+                part_config = existing_partition(cfg.partition.path, len(machines), wants[0] if wants else None)
+            except PartitionError as e:
+                raise ValueError(str(e)) from None
     except (LaunchError, NotImplementedError, ValueError) as e:
         _fail(str(e))
+    if cfg.partition.path:
+        print(f"partitions: {part_config} (partition.path: used as it is)", flush=True)
+        _launch(cfg, run_dir, str(part_config), task)
+        return
     try:
         from degnn.partition import ensure_partitions, planned_partitions
     except ImportError as e:

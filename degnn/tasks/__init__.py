@@ -63,6 +63,10 @@ class Task:
         """The node data a trainer needs besides the features."""
         return []
 
+    def partition_fields(self) -> List[str]:
+        """The node data every partition must hold (checked when the DistGraph is up)."""
+        return ["feat"]
+
     # --- one batch --------------------------------------------------------------------------
     def inputs(self, batch, feat, label=None):
         """(x, y): the batch's input features, and its targets (None when the batch holds them)."""

@@ -84,6 +84,9 @@ class NodeTask(Task):
     def node_fields(self) -> List[str]:
         return ["label", "train_mask"]
 
+    def partition_fields(self) -> List[str]:
+        return ["feat", "label", "train_mask", "val_mask", "test_mask"]
+
     def local_ids(self, graph, owned: Dict[str, torch.Tensor]) -> torch.Tensor:
         graph.ndata["label"] = owned["label"].long()
         return owned["train_mask"].bool().nonzero().squeeze(1)
