@@ -1,4 +1,4 @@
-"""`python -m degnn.launch <hydra overrides>`: start a cluster job (or a sweep of them with -m).
+"""`python -m degnn.launch <hydra overrides>` (or `degnn-launch`): start a cluster job (or a sweep of them with -m).
 
 Each Hydra job: build or find the partitions (`degnn.partition.ensure_partitions`), then run one
 cluster in the job's own output directory (`cluster.dry_run=true`: print the plan, with the
@@ -158,7 +158,8 @@ def _run_dir_args(argv) -> list:
     return [(key, given[-1] if given else "runs")]
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The command line (`python -m degnn.launch`, the `degnn-launch` console script)."""
     try:
         if "--cleanup" in sys.argv[1:]:  # leftovers of launchers that are gone (cleanup.py)
             from .cleanup import main as cleanup_main
@@ -174,3 +175,7 @@ if __name__ == "__main__":
         main()
     except KeyboardInterrupt:  # before the launcher's own handlers (Hydra composing the config)
         _fail("interrupted while starting; nothing was started", 130)
+
+
+if __name__ == "__main__":
+    cli()
