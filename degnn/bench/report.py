@@ -429,8 +429,7 @@ def plot_tma(group: List[dict], base: Optional[dict], target: Optional[float], p
     if target is not None:
         ax.axhline(target, color="grey", linewidth=0.8, linestyle=":", label="distdgl best − 1 pt")
     s0 = group[0]
-    ax.set_title(fig_title(group, f"validation against training time, {s0.get('layers')}-layer {s0.get('model')}"),
-                 fontsize=9)
+    ax.set_title(fig_title(group, f"validation against training time, {s0.get('model')}"), fontsize=9)
     ax.set_xlabel("training time (s, evaluation excluded)")
     ax.set_ylabel(f"validation {s0.get('metric', 'acc')}")
     return _finish(fig, ax, path)
@@ -477,9 +476,11 @@ def _joined(values) -> str:
 def fig_title(runs: List[dict], what: str, settings: str = "") -> str:
     """A figure's title: what it shows, then the dataset, machines and bandwidth of its runs (and
     the settings its runs share, from labels())."""
+    layers = {s.get("layers") for s in runs}
     text = (f"{what}\n{_joined(s.get('dataset') for s in runs)}, "
             f"{_joined(s.get('machines') for s in runs)} machines, "
-            f"{_joined(bandwidth(s) or 'unlimited' for s in runs)} links")
+            f"{_joined(bandwidth(s) or 'unlimited' for s in runs)} links"
+            + (f", {layers.pop()} layers" if len(layers) == 1 and None not in layers else ""))
     return text + (f"\n{settings}" if settings else "")
 
 
@@ -499,13 +500,15 @@ def _facets(s: dict) -> Dict[str, str]:
             f["sync"] = "every halo row synced" if s["sync_budget"] is None else f"halo budget {s['sync_budget']:g}"
         if "grad" in s:
             f["grad"] = f"{s['grad']} gradients"
-        f["engine"] = f"owners on the {s.get('engine', 'server')}s"
+        if "engine" in s:
+            f["engine"] = f"owners on the {s['engine']}s"
     if failure(s):
         f["failure"] = failure(s)
     return f
 
 
 WHERE = ("dataset", "layers", "machines", "bandwidth")
+SETTINGS = ("bits", "prefetch", "fusion", "sync", "grad", "engine", "failure")  # _facets' own, in order
 
 
 def labels(runs: List[dict]) -> Tuple[List[str], str]:
@@ -527,8 +530,7 @@ def labels(runs: List[dict]) -> Tuple[List[str], str]:
         own = [v for k, v in f.items() if k not in WHERE and usual[method_name(s)].get(k) != v]
         text = ", ".join([method_name(s), *own])
         out.append(f"{where}: {text}" if where else text)
-    order = list(_facets({"pipeline": "lamp", "bits": 8, "prefetch": 1, "fusion": 1, "sync_budget": 1, "grad": 1}))
-    shared = "; ".join(f"{name} unless named: " + ", ".join(u[k] for k in sorted(u, key=order.index))
+    shared = "; ".join(f"{name} unless named: " + ", ".join(u[k] for k in sorted(u, key=SETTINGS.index))
                        for name, u in sorted(usual.items()) if u)
     return out, shared
 
