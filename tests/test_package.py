@@ -1,6 +1,6 @@
 """degnn as a package: the wheel holds the Hydra configs and the degnn package only; installed into
-a fresh virtual environment outside the checkout, its console scripts answer --help and train a
-2-machine netns job from an empty directory, writing nothing into the installed package."""
+a fresh virtual environment outside the checkout, its console scripts answer --help, sweep, and
+train a 2-machine netns job from an empty directory, writing nothing into the installed package."""
 from __future__ import annotations
 
 import json
@@ -130,6 +130,14 @@ def test_console_scripts_answer_help_with_their_own_groups(venv, tmp_path):
         if script in wanted:
             assert help_groups(r.stdout) == wanted[script], script
     assert not list(tmp_path.iterdir())  # --help ran nothing, wrote nothing
+
+
+def test_a_sweep_through_the_console_script_is_one_job_per_value(venv, tmp_path):
+    r = run([venv / "bin" / "degnn-launch", "-m", "cluster=netns", "cluster.machines=2", "cluster.dry_run=true",
+             "model.hidden=16,32", "hydra.sweep.dir=sweep"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("machine 1 (10.77.0.2):") == 2, r.stdout
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["0", "1"]
 
 
 def files_of(pkg: Path) -> dict:
