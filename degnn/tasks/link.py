@@ -37,7 +37,7 @@ from degnn.tasks.evaluation import gather_to_rank0, remote_rows
 
 # negatives per training positive (the paper's Uniform(k=1); BCE's pos_weight = k / 1 = 1)
 NEG_PER_POS = 1
-LINK_SPLIT = "link_split.pt"  # partitioners.writer.LINK_SPLIT (not imported: trainers need no partitioner)
+LINK_SPLIT = "link_split.pt"  # degnn.partition.writer.LINK_SPLIT (not imported: trainers need no partitioner)
 
 
 def local_edge_loader(graph, eids: torch.Tensor, fanouts, batch_size: int):
