@@ -89,7 +89,7 @@ def _write_parts(folder: Path, parts, num_nodes: int) -> None:
         ids = torch.tensor(ids)
         torch.save({"orig_ids": ids, "embedding": ids.float().unsqueeze(1).repeat(1, 3), "pred": ids * 10},
                    folder / PART_FILE.format(i))
-    (folder / SUMMARY).write_text(json.dumps({"num_nodes": num_nodes, "num_parts": len(parts)}))
+    (folder / SUMMARY).write_text(json.dumps({"num_nodes": num_nodes, "num_parts": len(parts), "status": "ok"}))
 
 
 def test_loader_orders_rows_by_original_id(tmp_path):
@@ -107,6 +107,10 @@ def test_loader_orders_rows_by_original_id(tmp_path):
         load_embeddings(tmp_path / "gone")
     with pytest.raises(EmbeddingsError, match="has no 'logits'"):
         load_embeddings(tmp_path / "ok", "logits")
+    # a failed inference: the launcher's summary.json says so, the files are not read
+    (tmp_path / "ok" / "summary.json").write_text(json.dumps({"status": "failed", "error": "rank 1 exited 1"}))
+    with pytest.raises(EmbeddingsError, match=r"the inference failed \(rank 1 exited 1\)"):
+        load_embeddings(tmp_path / "ok")
 
 
 # --- on a 2-machine netns cluster -----------------------------------------------------------------

@@ -45,6 +45,9 @@ def load_all(folder) -> Dict[str, object]:
         raise EmbeddingsError(f"{folder} holds no {SUMMARY}: not an output folder of degnn.infer "
                               f"(or it did not finish); run python -m degnn.infer RUN_DIR")
     info = json.loads(info_path.read_text())
+    if info.get("status") != "ok":
+        raise EmbeddingsError(f"{folder}: the inference failed ({info.get('error', 'no error recorded')}); "
+                              f"its logs are in that folder; run python -m degnn.infer again")
     n, parts = int(info["num_nodes"]), int(info["num_parts"])
     out: Dict[str, object] = {}
     seen = torch.zeros(n, dtype=torch.int64)

@@ -5,7 +5,8 @@ Starts the run's cluster again from its config.yaml, on its partitions, through 
 (degnn.launch.launch) with worker.py as every process's entry; each machine writes its own
 nodes to DIR/part<i>.pt (default RUN_DIR/embeddings/), keyed by original node id; the logs of
 the inference cluster are there too. KEY=VALUE changes cluster.* (e.g. another bandwidth, ssh
-hosts), train.eval_batch_size or train.device; the rest is the run's. Read the files back with
+hosts), train.eval_batch_size, train.device, or dataset.root and partition.root (data that moved);
+the rest is the run's. Read the files back with
 degnn.infer.load_embeddings(DIR). Bad input: one line on stderr, exit status 2, nothing started.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ def parse(argv):
     ap.add_argument("run_dir", help="the run directory (hydra.run.dir) of a finished training run")
     ap.add_argument("--out", help="output folder (default RUN_DIR/embeddings)")
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                    help="cluster.*, train.eval_batch_size or train.device")
+                    help="cluster.*, train.eval_batch_size, train.device, dataset.root, partition.root")
     return ap.parse_args(argv)
 
 
@@ -65,7 +66,8 @@ def main(argv=None) -> int:
     print(f"partitions: {part_config}", flush=True)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        clear_outputs(out)
+        if not cfg.cluster.dry_run:  # a dry run prints the plan and leaves the folder as it is
+            clear_outputs(out)
     except OSError as e:
         _fail(f"--out {out}: cannot write the output folder ({e.strerror or e})")
     try:

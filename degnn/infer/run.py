@@ -13,8 +13,8 @@ from typing import List, Sequence
 
 from degnn.runtime.checkpoint import BEST_MODEL, CONFIG_FILE
 
-# what `python -m degnn.infer RUN_DIR KEY=VALUE` may change: where and how the cluster runs,
-# never what was trained (every process also gets the run's absolute data and partition roots)
+# what `python -m degnn.infer RUN_DIR KEY=VALUE` may change: where and how the cluster runs and
+# where the data lies now, never what was trained
 OVERRIDABLE = ("cluster.", "train.eval_batch_size", "train.device", "dataset.root", "partition.root")
 GROUPS = ("dataset", "model", "pipeline", "partition", "cluster")
 
@@ -32,8 +32,9 @@ def check_overrides(overrides: Sequence[str]) -> None:
     for o in overrides:
         key = o.split("=", 1)[0]
         if "=" not in o or not any(key == k or (k.endswith(".") and key.startswith(k)) for k in OVERRIDABLE):
-            raise InferError(f"{o}: inference takes KEY=VALUE for cluster.*, train.eval_batch_size and "
-                             f"train.device only (the rest is the run's own config)")
+            raise InferError(f"{o}: inference takes KEY=VALUE for cluster.*, train.eval_batch_size, "
+                             f"train.device, dataset.root and partition.root only (the rest is the "
+                             f"run's own config)")
 
 
 def _choices(run_dir: Path, saved) -> tuple:
