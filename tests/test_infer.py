@@ -212,3 +212,13 @@ def test_link_embeddings_score_as_the_cluster_scored_them(tmp_path, monkeypatch)
     info = json.loads((folder / "summary.json").read_text())
     assert info["embedding"] == "the encoder's output" and info["dims"] == {"embedding": 128}
     assert abs(mrr - info["test"]) < 1e-6, (mrr, info["test"])
+
+
+def test_a_best_model_of_another_shape_is_named():
+    from degnn.infer.worker import state_mismatch
+
+    own = {"w": torch.zeros(4, 3), "b": torch.zeros(4)}
+    assert state_mismatch(own, {"w": torch.ones(4, 3), "b": torch.ones(4)}) == ""
+    assert state_mismatch(own, {"w": torch.zeros(4, 3)}) == "no b in the file"
+    assert state_mismatch(own, {**own, "c": torch.zeros(1)}) == "the file has c, the model none"
+    assert state_mismatch(own, {"w": torch.zeros(8, 3), "b": torch.zeros(4)}) == "w is [8, 3] in the file, [4, 3] in the model"

@@ -78,6 +78,20 @@ def embedding_layer(task_name: str, layers: int) -> int:
     return -2 if task_name == "node" and layers > 1 else -1
 
 
+def state_mismatch(own: dict, saved: dict) -> str:
+    """Why a saved state_dict does not load into a model's (empty when it does)."""
+    missing = [k for k in own if k not in saved]
+    if missing:
+        return f"no {missing[0]} in the file" + (f", {len(missing) - 1} more missing" if len(missing) > 1 else "")
+    extra = [k for k in saved if k not in own]
+    if extra:
+        return f"the file has {extra[0]}, the model none"
+    for k, t in own.items():
+        if tuple(saved[k].shape) != tuple(t.shape):
+            return f"{k} is {list(saved[k].shape)} in the file, {list(t.shape)} in the model"
+    return ""
+
+
 def run_trainer(run_dir: Path, out: Path, cfg) -> int:
     import dgl
     import torch
@@ -113,12 +127,11 @@ def run_trainer(run_dir: Path, out: Path, cfg) -> int:
                      heartbeat=heartbeat, device=device_of(cfg.train.device))
     task.prepare(ctx)
     model = task.build_model(graph.ndata["feat"].shape[1])
-    try:
-        model.load_state_dict(best["model"])
-    except (RuntimeError, KeyError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise InferError(f"{run_dir}/best_model.pt does not fit the model of its config.yaml "
-                         f"({first[:150]}); the run directory mixes files of different runs") from None
+    why = state_mismatch(model.state_dict(), best["model"])
+    if why:
+        raise InferError(f"{run_dir}/best_model.pt does not fit the model of its config.yaml ({why}); "
+                         f"the run directory mixes files of different runs: train it again")
+    model.load_state_dict(best["model"])
     model = model.to(ctx.device)
     log.info("inference of %s (best model of epoch %s): %d nodes, %d machines, up in %.1fs", run_dir,
              best.get("epoch"), graph.num_nodes(), meta["num_parts"], time.time() - t0)
