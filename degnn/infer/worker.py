@@ -78,6 +78,12 @@ def embedding_layer(task_name: str, layers: int) -> int:
     return -2 if task_name == "node" and layers > 1 else -1
 
 
+def describe_embedding(task_name: str, layers: int) -> str:
+    if task_name != "node":
+        return "the encoder's output"
+    return "the last hidden layer" if layers > 1 else "the model's output"
+
+
 def state_mismatch(own: dict, saved: dict) -> str:
     """Why a saved state_dict does not load into a model's (empty when it does)."""
     missing = [k for k in own if k not in saved]
@@ -163,9 +169,7 @@ def run_trainer(run_dir: Path, out: Path, cfg) -> int:
                 "files": [PART_FILE.format(i) for i in range(meta["num_parts"])],
                 "fields": ["orig_ids", "embedding", *(["logits", "pred"] if task.name == "node" else [])],
                 "dims": dims,
-                "embedding": ("the last hidden layer" if task.name == "node" and len(outputs) > 1
-                              else "the model's output" if task.name == "node"
-                              else "the encoder's output"),
+                "embedding": describe_embedding(task.name, len(outputs)),
                 "best_epoch": best.get("epoch"), "best_val": val, "test": test,
                 "run_best_val": summary_of_run.get("best_val"), "run_test": summary_of_run.get("test"),
                 "infer_s": round(infer_s, 3), "status": "ok"}
