@@ -73,6 +73,26 @@ def test_refusals_are_one_line(tmp_path, capsys):
     assert "holds no best_model.pt" in _refused(capsys, run)
 
 
+def test_a_partition_made_elsewhere_needs_its_original_ids(tmp_path, capsys):
+    """partition.path (DGL's partition_graph): the ids it renumbered map back only through the
+    mapping partition_graph(return_mapping=True) returned, saved beside its JSON."""
+    parts = tmp_path / "dgl"
+    meta = {"graph_name": "g", "num_parts": 2, "part_method": "metis", "ntypes": {"_N": 0},
+            "etypes": {"_N:_E:_N": 0}}
+    for i in range(2):
+        (parts / f"part{i}").mkdir(parents=True)
+        for name in ("node_feat.dgl", "graph.dgl"):
+            (parts / f"part{i}" / name).write_bytes(b"")
+        meta[f"part-{i}"] = {"node_feats": f"part{i}/node_feat.dgl", "part_graph": f"part{i}/graph.dgl"}
+    (parts / "g.json").write_text(json.dumps(meta))
+    run = _run_dir(tmp_path, partition__path=str(parts / "g.json"))
+    err = _refused(capsys, run)
+    assert "orig_nids.pt is missing: a partition made elsewhere renumbers the nodes" in err
+    assert "return_mapping=True" in err
+    (parts / "g.json").unlink()
+    assert "partition.path=" in _refused(capsys, run) and "does not exist" in _refused(capsys, run)
+
+
 @pytest.mark.parametrize("change", [{"train__epochz": 3}, {"pipeline__name": "oldpipe"},
                                     {"model__hidden": "wide"}])
 def test_a_config_of_another_version_is_refused(tmp_path, capsys, change):

@@ -5,9 +5,8 @@ Starts the run's cluster again from its config.yaml, on its partitions, through 
 (degnn.launch.launch) with worker.py as every process's entry; each machine writes its own
 nodes to DIR/part<i>.pt (default RUN_DIR/embeddings/), keyed by original node id; the logs of
 the inference cluster are there too. KEY=VALUE changes cluster.* (e.g. another bandwidth, ssh
-hosts), train.eval_batch_size, train.device, or dataset.root and partition.root (data that moved);
-the rest is the run's. Read the files back with
-degnn.infer.load_embeddings(DIR). Bad input: one line on stderr, exit status 2, nothing started.
+hosts), train.eval_batch_size, train.device, or dataset.root, partition.root and partition.path
+(data that moved); the rest is the run's. Read the files back with degnn.infer.load_embeddings(DIR). Bad input: one line on stderr, exit status 2, nothing started.
 """
 from __future__ import annotations
 
@@ -35,7 +34,8 @@ def parse(argv):
     ap.add_argument("run_dir", help="the run directory (hydra.run.dir) of a finished training run")
     ap.add_argument("--out", help="output folder (default RUN_DIR/embeddings)")
     ap.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                    help="cluster.*, train.eval_batch_size, train.device, dataset.root, partition.root")
+                    help="cluster.*, train.eval_batch_size, train.device, dataset.root, partition.root, "
+                         "partition.path")
     return ap.parse_args(argv)
 
 

@@ -15,7 +15,10 @@ from degnn.runtime.checkpoint import BEST_MODEL, CONFIG_FILE
 
 # what `python -m degnn.infer RUN_DIR KEY=VALUE` may change: where and how the cluster runs and
 # where the data lies now, never what was trained
-OVERRIDABLE = ("cluster.", "train.eval_batch_size", "train.device", "dataset.root", "partition.root")
+OVERRIDABLE = ("cluster.", "train.eval_batch_size", "train.device", "dataset.root", "partition.root",
+               "partition.path")
+# new (partition) node id -> original id, beside the partition JSON (degnn/partition/writer.py)
+ORIG_NIDS = "orig_nids.pt"
 GROUPS = ("dataset", "model", "pipeline", "partition", "cluster")
 
 
@@ -33,7 +36,7 @@ def check_overrides(overrides: Sequence[str]) -> None:
         key = o.split("=", 1)[0]
         if "=" not in o or not any(key == k or (k.endswith(".") and key.startswith(k)) for k in OVERRIDABLE):
             raise InferError(f"{o}: inference takes KEY=VALUE for cluster.*, train.eval_batch_size, "
-                             f"train.device, dataset.root and partition.root only (the rest is the "
+                             f"train.device, dataset.root, partition.root and partition.path only (the rest is the "
                              f"run's own config)")
 
 
@@ -114,10 +117,25 @@ def load_best_model(run_dir) -> dict:
 
 
 def run_partitions(cfg, run_dir) -> Path:
-    """The partition JSON the run trained on: the cached partitions of its dataset and partition
-    config (degnn.partition.planned_partitions), which must still be there, with their ids."""
-    from degnn.partition import planned_partitions
+    """The partition JSON the run trained on: its `partition.path` (a partition made elsewhere,
+    checked as the launcher checks it), else the cached partitions of its dataset and partition
+    config (degnn.partition.planned_partitions); either must still be there, with the original
+    node ids (orig_nids.pt beside the JSON: new id -> original id)."""
+    from degnn.partition import PartitionError, existing_partition, planned_partitions
+    from degnn.runtime.cluster import machines_of
 
+    if cfg.partition.get("path"):
+        try:
+            part_config = existing_partition(cfg.partition.path, len(machines_of(cfg.cluster)))
+        except PartitionError as e:
+            raise InferError(f"the partition {run_dir} trained on: {e}") from None
+        ids = part_config.parent / ORIG_NIDS
+        if not ids.is_file():
+            raise InferError(
+                f"{ids} is missing: a partition made elsewhere renumbers the nodes and degnn cannot map "
+                f"them back; save partition_graph(..., return_mapping=True)'s first tensor there "
+                f"(torch.save(orig_nids, '{ids}'))")
+        return part_config
     try:
         part_config, built = planned_partitions(cfg.dataset, cfg.partition)
     except Exception as e:  # noqa: BLE001 - the partitioner's own message
@@ -126,7 +144,7 @@ def run_partitions(cfg, run_dir) -> Path:
         raise InferError(f"the partitions {run_dir} trained on are missing ({Path(part_config).parent} "
                          f"is gone or incomplete, or the dataset changed since): train the run again "
                          f"(python -m degnn.launch with its .hydra/overrides.yaml) to rebuild them")
-    ids = Path(part_config).parent / "orig_nids.pt"
+    ids = Path(part_config).parent / ORIG_NIDS
     if not ids.is_file():
         raise InferError(f"{ids} is missing: the partitions hold no original node ids; rebuild "
                          f"them with degnn's partitioner (train the run again)")

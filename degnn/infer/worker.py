@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import List
 
 from degnn.infer import PART_FILE, SUMMARY
-from degnn.infer.run import InferError, load_best_model, run_config
+from degnn.infer.run import ORIG_NIDS, InferError, load_best_model, run_config
 
 log = logging.getLogger("degnn")
 
@@ -55,15 +55,9 @@ def _atomic_save(obj, path: Path) -> None:
 
 def machine_rows(ctx, outputs, task_name: str, orig_nids) -> dict:
     """This machine's own nodes: their original ids and what is written of each."""
-    import torch
-
-    from degnn.runtime.partition_info import read_partition_json
-
-    meta = read_partition_json(ctx.part_config)
-    part = int(ctx.graph.get_partition_book().partid)
-    start, end = meta["node_map"]["_N"][part]
-    nids = torch.arange(start, end)
-    rows = {"orig_ids": orig_nids[start:end].long().clone()}
+    pb = ctx.graph.get_partition_book()
+    nids = pb.partid2nids(pb.partid)  # its contiguous range of new ids
+    rows = {"orig_ids": orig_nids[nids].long()}
     rows["embedding"] = outputs[embedding_layer(task_name, len(outputs))][nids].float()
     if task_name == "node":
         logits = outputs[-1][nids].float()
@@ -120,7 +114,7 @@ def run_trainer(run_dir: Path, out: Path, cfg) -> int:
     part_config = Path(os.environ["DGL_CONF_PATH"])
     meta = read_partition_json(part_config)
     best = load_best_model(run_dir)
-    orig_nids = torch.load(part_config.parent / "orig_nids.pt", map_location="cpu", weights_only=True)
+    orig_nids = torch.load(part_config.parent / ORIG_NIDS, map_location="cpu", weights_only=True)
     task = task_of(cfg)
     services.register(cfg.pipeline.services)  # as the servers did (the same config)
     t0 = time.time()
