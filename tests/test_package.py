@@ -18,7 +18,7 @@ from timing import budget
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "degnn" / "conf"
-SCRIPTS = ("degnn-launch", "degnn-partition", "degnn-bench", "degnn-demo")
+SCRIPTS = ("degnn-launch", "degnn-partition", "degnn-bench", "degnn-demo", "degnn-infer")
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""`python -m degnn.infer RUN_DIR [--out DIR] [KEY=VALUE ...]`: every node's embedding (and, for
+"""`python -m degnn.infer RUN_DIR [--out DIR] [KEY=VALUE ...]` (or `degnn-infer`): every node's embedding (and, for
 node classification, its logits and predicted class) from a finished run's best model.
 
 Starts the run's cluster again from its config.yaml, on its partitions, through the launcher
@@ -28,7 +28,7 @@ def _fail(msg: str, code: int = 2) -> None:
 
 def parse(argv):
     ap = argparse.ArgumentParser(
-        prog="python -m degnn.infer",
+        prog="degnn-infer" if Path(sys.argv[0]).name == "degnn-infer" else "python -m degnn.infer",
         description="Write every node's embedding (and prediction) of a finished run's best model, "
                     "computed on the run's cluster, each machine writing its own nodes.")
     ap.add_argument("run_dir", help="the run directory (hydra.run.dir) of a finished training run")
@@ -92,8 +92,13 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The command line (`python -m degnn.infer`, the `degnn-infer` console script)."""
     try:
         sys.exit(main())
     except KeyboardInterrupt:
         _fail("interrupted while starting; nothing was started", 130)
+
+
+if __name__ == "__main__":
+    cli()
