@@ -89,6 +89,9 @@ def check_config(cfg) -> None:
 
         if parse_rate(str(cl.bandwidth)) <= 0:
             raise LaunchError(f"cluster.bandwidth={cl.bandwidth}: must be a positive rate")
+    from .limits import check_limits
+
+    check_limits(cl)
     if cl.get("ifname") and cl.kind != "ssh":
         where = ("every netns machine's interface is eth0" if cl.kind == "netns"
                  else "a local run stays on loopback")

@@ -415,7 +415,7 @@ class LAMPPipeline(Pipeline):
 
     def rank_stats(self) -> dict:
         return {"ages": self.ages, "stats": {**self.stats, "rounds": self.owners.rounds, "sync_rows": self.halo.rows},
-                "local": self.owners.local_bytes, "setup": self.setup_bytes, "fusion": self.fusion}
+                "local": self.owners.local_bytes, "fusion": self.fusion}
 
     def summary_extra(self, ranks: List[dict], context: dict) -> LAMPSummary:
         return lamp_summary(ranks, self.cfg.pipeline, bits=self.bits)
