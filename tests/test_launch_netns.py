@@ -203,6 +203,17 @@ def test_a_machine_over_its_memory_is_named(part2, tmp_path):
     assert not _cgroups_of(p.pid)
 
 
+def test_a_machine_gets_its_share_of_cpu():
+    # a busy loop of 2 s on a machine limited to 0.2 CPUs gets about 0.4 s of CPU time (0.45 s
+    # measured), less on a loaded host
+    from degnn.launch.limits import MachineLimits
+    busy = "import resource, time\nt = time.time()\nwhile time.time() - t < 2: pass\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_utime)"
+    with MachineLimits(1, cpus=0.2) as lim:
+        r = subprocess.run([PY, "-c", busy], preexec_fn=lambda: lim.enter(0), capture_output=True, text=True)
+    assert 0.05 < float(r.stdout) < 0.7, r.stdout  # unlimited: up to 2 s on an idle core
+    assert not _cgroups_of(os.getpid())
+
+
 def _holders_of(pid: int) -> list:
     from degnn.launch.isolate import HOLDER_ENV
     return pids_with_env(HOLDER_ENV, str(pid))
