@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, IO, List, Optional
+from typing import Callable, IO, List, Optional, Tuple
 
 from degnn.proc import die_with_parent
 
@@ -399,8 +399,9 @@ class Supervisor:
             out[name] = round(kb / 1024, 1) if kb else None
         return out
 
-    def memory_fault(self) -> Optional[str]:
-        """The one line of a machine that ran out of its memory limit, or None."""
+    def memory_fault(self) -> Optional[Tuple[str, Optional[Running]]]:
+        """The one line of a machine that ran out of its memory limit and the process the
+        kernel killed there, or None."""
         if self.limits is None:
             return None
         machines = self.limits.out_of_memory()
@@ -411,12 +412,12 @@ class Supervisor:
         m = machines[0]
         held = [f"{r.proc.describe().split(' (')[0]} held {fmt_size((r.sample_peak() or 0) * 1024)}"
                 for r in self.running if r.proc.machine == m]
-        killed = [f"{r.proc.describe().split(' (')[0]} pid {r.popen.pid}" for r in self.running
-                  if r.proc.machine == m and r.rc == -signal.SIGKILL]
+        killed = [r for r in self.running if r.proc.machine == m and r.rc == -signal.SIGKILL]
+        names = [f"{r.proc.describe().split(' (')[0]} pid {r.popen.pid}" for r in killed]
         return (f"machine {m} ran out of its {fmt_size(self.limits.memory)} "
                 f"(cluster.memory_per_machine): {', '.join(held)} at their peak RSS; the kernel's "
-                f"OOM killer killed {', '.join(killed) or 'one of its processes'}; raise "
-                f"cluster.memory_per_machine or use more machines")
+                f"OOM killer killed {', '.join(names) or 'one of its processes'}; raise "
+                f"cluster.memory_per_machine or use more machines", killed[0] if killed else None)
 
     def _watch(self, out: Outcome) -> Outcome:
         trainers = [r for r in self.running if r.proc.role == "trainer"]
@@ -527,7 +528,9 @@ class Supervisor:
         p = r.proc
         oom = self.memory_fault()
         if oom is not None:
-            return self._report(out, r, rc, f"{oom}; log: {p.log}; stopping every other process")
+            line, killed = oom
+            r = killed or r
+            return self._report(out, r, r.rc, f"{line}; log: {r.proc.log}; stopping every other process")
         return self._report(out, r, rc, (
             f"{p.describe()} pid {r.popen.pid} {self.describe(r, rc)}{_error_of(p.log)}; log: {p.log}"
             f"{disk_note(os.path.dirname(p.log))}; stopping every other process"))
