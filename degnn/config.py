@@ -132,6 +132,10 @@ class ClusterConfig:
     workspace: Optional[str] = None
     ssh_port: int = 22
     ssh_user: Optional[str] = None
+    # netns: every machine's memory (e.g. "4G", "512M") and CPUs (e.g. 0.5) for its servers and
+    # trainers together, through cgroups (docs/design.md, "Machine limits"); null = the host's
+    memory_per_machine: Optional[str] = None
+    cpus_per_machine: Optional[float] = None
     # seconds between SIGTERM and SIGKILL when the cluster is stopped (fault, Ctrl-C, the end)
     stop_grace_s: float = 5.0
     # a trainer or server without progress (its heartbeat) for this long is named and the run

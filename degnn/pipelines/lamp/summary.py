@@ -34,11 +34,10 @@ class LAMPSummary:
     owner_nodes_computed_per_batch: float
     trainer_cg_nodes_per_batch: float
     local_bytes_by_category: Dict[str, int]
-    setup_bytes: int
 
 
 def lamp_summary(ranks: List[dict], p, bits: int) -> LAMPSummary:
-    """`ranks`: every trainer's {ages, stats, local, setup, batches, fusion}; `p`: pipeline config."""
+    """`ranks`: every trainer's {ages, stats, local, batches, fusion}; `p`: pipeline config."""
     batches = sum(r["batches"] for r in ranks) or 1
     age_sum = sum(r["ages"][0] for r in ranks)
     age_cnt = sum(r["ages"][1] for r in ranks)
@@ -79,5 +78,4 @@ def lamp_summary(ranks: List[dict], p, bits: int) -> LAMPSummary:
             "rpc_round_trips_per_batch": stat["rounds"] / batches,
             "owner_nodes_computed_per_batch": stat["owner_nodes"] / batches,
             "trainer_cg_nodes_per_batch": stat["cg_nodes"] / batches,
-            "local_bytes_by_category": local,
-            "setup_bytes": sum(r["setup"] for r in ranks)})
+            "local_bytes_by_category": local})

@@ -64,6 +64,7 @@ class RoundLoop:
     def run(self) -> dict:
         p, ctx = self.p, self.ctx
         p.setup()
+        self.record.mark_setup()
         self.client = p.client
         self.wall0 = time.time()
         state = self.record.state
