@@ -404,13 +404,23 @@ def _kill_trainer_after_round(run_dir, p, rank: int, after_round: int) -> int:
     raise AssertionError(f"round {after_round} never came (launcher rc {p.poll()})")
 
 
+def _split_sizes(run_dir) -> dict:
+    """The validation and test nodes of the run's dataset (read from the dataset, not the run)."""
+    from degnn.data import load_dataset
+
+    g = load_dataset(OmegaConf.load(Path(run_dir) / "config.yaml").dataset).graph
+    return {k: int(g.ndata[f"{k}_mask"].sum()) for k in ("val", "test")}
+
+
 @netns
 @pytest.mark.parametrize("victim", [2, 0], ids=["rank2-of-4-killed-from-outside",
-                                                "rank0-the-evaluator-of-3-dies-while-evaluating"])
+                                                "rank0-the-lead-of-3-dies-while-evaluating"])
 def test_a_trainer_killed_mid_run_does_not_stop_training(tmp_path, victim):
-    """Rank 2 of 4 SIGKILLed by the test after round 1; or rank 0, the evaluating trainer,
-    SIGKILLing itself in the middle of round 2's evaluation (pipeline.kill_rank, the benchmarks'
-    fault injection): after evaluator_timeout the lowest live rank evaluates round 2 instead."""
+    """Rank 2 of 4 SIGKILLed by the test after round 1; or rank 0, the lead of the evaluation,
+    SIGKILLing itself in the middle of round 2's evaluation, holding a unit of the second layer
+    (pipeline.kill_rank, the benchmarks' fault injection): after evaluator_timeout its units go to
+    the live trainers and the lowest live rank leads round 2 instead. Every evaluation, the one it
+    died in too, scores every validation and test node."""
     run_dir = tmp_path / "run"
     machines = 4 if victim == 2 else 3
     inject = [] if victim == 2 else [f"pipeline.kill_rank={victim}", "pipeline.kill_at=6s",
@@ -436,14 +446,24 @@ def test_a_trainer_killed_mid_run_does_not_stop_training(tmp_path, victim):
     assert s["trainers_dead_ranks"] == [victim] and victim not in s["trainers_alive_ranks"]
     if victim == 0:
         assert "killing myself (SIGKILL) in the evaluation of round 2" in (run_dir / "rank0.log").read_text()
-        assert "round 2: taking over evaluation from rank 0" in (run_dir / "rank1.log").read_text()
-        assert "evaluator rank 0 silent" in (run_dir / "rank1.log").read_text()
+        # the next contributing rank leads (rank 2 if rank 1 was late for round 2 on a loaded host)
+        logs = (run_dir / "rank1.log").read_text() + (run_dir / "rank2.log").read_text()
+        assert "round 2: taking over evaluation from rank 0" in logs
+        assert "evaluator rank 0 silent" in logs
     curve = read_curve(run_dir)
     assert [c["round"] for c in curve] == [1, 2, 3, 4, 5]  # every round evaluated exactly once
     assert curve[0]["trainers"] == list(range(machines))
     assert curve[-1]["trainers"] == [r for r in range(machines) if r != victim]
     if victim == 0:  # it had submitted round 2 before it died evaluating it
         assert curve[1]["trainers"] == [0, 1, 2]
+        assert "units [0] of phase 1 that rank 0 held go to live trainers" in logs
+    # the evaluation: by the live trainers, every node scored; the dead one's partition evaluated
+    # by the others (4 units a partition; 2 layers and the scoring; round 2: from its second layer)
+    sizes = _split_sizes(run_dir)
+    assert s["eval_counts"] == sizes and all(c["eval_counts"] == sizes for c in curve), sizes
+    assert curve[0]["eval_trainers"] == list(range(machines)) and curve[0]["eval_handed_on"] == 0
+    assert curve[1]["eval_handed_on"] >= (8 if victim == 0 else 12)
+    assert all(c["eval_trainers"] == curve[-1]["trainers"] and c["eval_handed_on"] == 12 for c in curve[2:])
     assert s["best_val"] > 0.4
     assert s["net_bytes_train"] < s["param_bytes"], s["net_bytes_train_per_trainer"]
     _nothing_left(run_dir)

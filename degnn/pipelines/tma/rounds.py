@@ -31,6 +31,8 @@ from .service import end_diverged
 
 # round 0 waits this long for every trainer to come up (DGL start-up on a loaded machine)
 START_TIMEOUT_S = 180.0
+# the first wait between two asks for evaluation work (doubling up to the client's poll_s)
+EVAL_POLL_MIN_S = 0.005
 
 
 def rank_file(rank: int) -> str:
@@ -134,14 +136,18 @@ class RoundLoop:
         """Round r's evaluation as the coordinator directs it, until the round is released."""
         p, ctx = self.p, self.ctx
         told = False  # logged that this trainer took the lead over
+        idle_s = EVAL_POLL_MIN_S  # waits grow while there is nothing to do (a phase's stragglers)
         while True:
             res = self.client.call("eval_poll", r, category=None)
             if res.status in ("lead", "scored") and res.meta["first_evaluator"] != ctx.rank and not told:
                 told = True
                 p.log.warning("round %d: taking over evaluation from rank %s", r, res.meta["first_evaluator"])
             if res.status == "wait":
-                time.sleep(self.client.poll_s)
-            elif res.status == "lead":  # open the evaluation (LLCG: with the corrected mean)
+                time.sleep(idle_s)
+                idle_s = min(2 * idle_s, self.client.poll_s)
+                continue
+            idle_s = EVAL_POLL_MIN_S
+            if res.status == "lead":  # open the evaluation (LLCG: with the corrected mean)
                 p.load_flat(res.tensor)
                 try:
                     self.open_evaluation(r)
