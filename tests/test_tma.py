@@ -464,6 +464,10 @@ def test_a_trainer_killed_mid_run_does_not_stop_training(tmp_path, victim):
     assert curve[0]["eval_trainers"] == list(range(machines)) and curve[0]["eval_handed_on"] == 0
     assert curve[1]["eval_handed_on"] >= (8 if victim == 0 else 12)
     assert all(c["eval_trainers"] == curve[-1]["trainers"] and c["eval_handed_on"] == 12 for c in curve[2:])
+    # every trainer's evaluation bytes are in the summary: the count is the wire's (evaluation is
+    # most of the traffic here; the dead one's unfinished unit and rank 0's local averaging aside)
+    app = sum(s["app_bytes_by_category"].values())
+    assert abs(app - s["net_bytes_total"]) < 0.05 * s["net_bytes_total"], (s["app_bytes_by_category"], s["net_bytes_total"])
     assert s["best_val"] > 0.4
     assert s["net_bytes_train"] < s["param_bytes"], s["net_bytes_train_per_trainer"]
     _nothing_left(run_dir)

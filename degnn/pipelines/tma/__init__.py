@@ -193,6 +193,7 @@ class TMAPipeline(Pipeline):
         self.kill_at = parse_duration(p.kill_at) if p.kill_rank == ctx.rank else None
         # every trainer makes the evaluation's DistTensors together (a DGL barrier), dropped ones too
         self.evaluation = SharedEvaluation(g, task, ctx.counter, cfg.train.eval_batch_size)
+        task.evaluate_fn()  # the dataset's evaluator (OGB's), built once before the clocks start
         g_local = self.local.graph
         self.log.info("tma/%s: partition %d%s: %d nodes, %d of %d edges kept (cross-partition edges "
                       "dropped), %d train %s; %s, %d parameters; %d rounds of %.0fs",
