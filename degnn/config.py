@@ -79,7 +79,7 @@ class TrainConfig:
     # without it one info line says there are none)
     tensorboard: bool = True
     # stop after the epoch during which training time (evaluation excluded) reached this many
-    # seconds (0 = no limit): a wall-time budget like pipeline=tma's time_limit, for benchmarks
+    # seconds (0 = no limit): a wall-time budget like pipeline=tma's time_limit_s, for benchmarks
     time_limit_s: float = 0.0
     # where the trainers' models and batches live: cpu (tested), or cuda[:N] (needs CUDA builds
     # of PyTorch and DGL; untested)

@@ -37,7 +37,7 @@ RUNS: List[Tuple[str, List[str], str]] = [
      "the DistDGL baseline: trainers sample through the graph servers and pull raw features"),
     ("lamp", ["pipeline=lamp"],
      "LAMP: the owners of a batch's remote neighbours send their hidden states instead"),
-    ("tma", ["pipeline=tma", "pipeline.variant=random", "pipeline.time_limit=12s", "pipeline.sync_every=3s"],
+    ("tma", ["pipeline=tma", "pipeline.variant=random", "pipeline.time_limit_s=12", "pipeline.sync_every_s=3"],
      "RandomTMA: one model per machine on its own partition, averaged every 3 s for 12 s"),
 ]
 

@@ -56,10 +56,10 @@ def test_tma_bytes_are_its_wire_bytes_in_training_plus_the_model_averaging():
 
 
 def test_arguments_reach_every_run_and_pipeline_keys_only_their_pipeline():
-    args = ["train.epochs=5", "pipeline.bits=4", "pipeline.time_limit=20s", "cluster.bandwidth=100mbit"]
+    args = ["train.epochs=5", "pipeline.bits=4", "pipeline.time_limit_s=20", "cluster.bandwidth=100mbit"]
     assert args_for("distdgl", args) == ["train.epochs=5", "cluster.bandwidth=100mbit"]
     assert args_for("lamp", args) == ["train.epochs=5", "pipeline.bits=4", "cluster.bandwidth=100mbit"]
-    assert args_for("tma", args) == ["train.epochs=5", "pipeline.time_limit=20s", "cluster.bandwidth=100mbit"]
+    assert args_for("tma", args) == ["train.epochs=5", "pipeline.time_limit_s=20", "cluster.bandwidth=100mbit"]
 
 
 def test_a_log_line_during_an_epoch_clears_the_bar_and_starts_on_its_own_line(monkeypatch):

@@ -66,7 +66,7 @@ def test_dgl_partitions_train_with_distdgl_and_random_tma(dgl_parts, tmp_path):
     """distdgl on DGL's METIS parts, RandomTMA on DGL's random parts: both end ok, above chance,
     and the launcher built no partition of its own."""
     runs = {"distdgl": ["pipeline=distdgl", "train.epochs=4", "train.batch_size=64", "train.lr=0.02", f"partition.path={dgl_parts['metis']}"],
-            "tma": ["pipeline=tma", "pipeline.variant=random", "pipeline.time_limit=6s", "pipeline.sync_every=2s", "train.batch_size=64", "train.lr=0.02",
+            "tma": ["pipeline=tma", "pipeline.variant=random", "pipeline.time_limit_s=6", "pipeline.sync_every_s=2", "train.batch_size=64", "train.lr=0.02",
                     f"partition.path={dgl_parts['random']}"]}
     for name, overrides in runs.items():
         p = launch(tmp_path / name, "cluster.machines=2", f"partition.root={tmp_path / 'own'}", *overrides)

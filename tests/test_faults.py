@@ -445,8 +445,8 @@ def test_a_failed_tma_runs_summary_counts_rounds(tmp_path):
 def test_a_diverged_tma_run_fails_naming_the_round(tmp_path):
     run_dir = tmp_path / "run"
     r = subprocess.run([PY, "-m", "degnn.launch", "pipeline=tma", "cluster=netns", "cluster.machines=2",
-                        "dataset=synthetic-tiny", "train.lr=1e30", "pipeline.sync_every=2s",
-                        "pipeline.time_limit=6s", f"hydra.run.dir={run_dir}"],
+                        "dataset=synthetic-tiny", "train.lr=1e30", "pipeline.sync_every_s=2",
+                        "pipeline.time_limit_s=6", f"hydra.run.dir={run_dir}"],
                        cwd=REPO, capture_output=True, text=True, timeout=budget(240))
     assert r.returncode != 0, r.stderr[-3000:]
     s = json.loads((run_dir / "summary.json").read_text())

@@ -169,7 +169,7 @@ def test_two_machines_train_links_with_distdgl_then_random_tma(tmp_path):
               "cluster=netns", "cluster.machines=2", "model.hidden=32", "model.dropout=0", "train.lr=0.01",
               "train.batch_size=256"]
     runs = {"distdgl": ["pipeline=distdgl", "train.epochs=3", "train.batches_per_epoch=25"],
-            "tma": ["pipeline=tma", "pipeline.variant=random", "pipeline.time_limit=6s", "pipeline.sync_every=3s"]}
+            "tma": ["pipeline=tma", "pipeline.variant=random", "pipeline.time_limit_s=6", "pipeline.sync_every_s=3"]}
     summaries = {}
     for name, extra in runs.items():
         run_dir = tmp_path / name
@@ -202,7 +202,7 @@ def test_bench_link_composes_into_valid_runs_under_one_budget():
 
     from degnn.config import CONF_DIR, register_configs
     from degnn.launch.preflight import check_config
-    from degnn.pipelines.tma import TMAPipeline, parse_duration
+    from degnn.pipelines.tma import TMAPipeline
 
     register_configs()
     seen = set()
@@ -217,7 +217,7 @@ def test_bench_link_composes_into_valid_runs_under_one_budget():
                 if cfg.pipeline.name == "tma":
                     OmegaConf.set_struct(cfg, True)
                     TMAPipeline.prepare_launch(cfg, list(job))
-                    budget = parse_duration(cfg.pipeline.time_limit)
+                    budget = cfg.pipeline.time_limit_s
                 else:
                     budget = cfg.train.time_limit_s
                 assert cfg.dataset.task == "link" and cfg.cluster.machines == 4, suite.name

@@ -23,7 +23,7 @@ from degnn.launch.plan import Plan, Proc
 from degnn.launch.supervisor import Supervisor
 from degnn.metrics import read_curve
 from degnn.proc import environ_of
-from degnn.pipelines.tma import VARIANT_PARTITION, TMAPipeline, parse_duration
+from degnn.pipelines.tma import VARIANT_PARTITION, TMAPipeline
 from degnn.pipelines.tma.service import Coordinator
 from degnn.entry import compose_config
 
@@ -33,27 +33,27 @@ PY = sys.executable
 
 # ---- config ------------------------------------------------------------------------------------------
 def test_tma_keys_are_checked_at_compose_time():
-    cfg = compose_config(["pipeline=tma", "pipeline.sync_every=2min", "pipeline.drop_parts=[1]",
+    cfg = compose_config(["pipeline=tma", "pipeline.sync_every_s=120", "pipeline.drop_parts=[1]",
                           "pipeline.variant=llcg", "pipeline.corr_steps=3", "pipeline.weighting=train_nodes"])
-    assert cfg.pipeline.sync_every == "2min" and list(cfg.pipeline.drop_parts) == [1]
+    assert cfg.pipeline.sync_every_s == 120 and list(cfg.pipeline.drop_parts) == [1]
     assert cfg.pipeline.corr_steps == 3 and cfg.pipeline.grad_clip == 1.0
     bad = [["pipeline=tma", "pipeline.sync_evry=30s"],  # typo
            ["pipeline=tma", "pipeline.corr_steps=two"],  # type
            ["pipeline=tma", "pipeline.drop_parts=[a]"],
-           ["pipeline=distdgl", "pipeline.sync_every=30s"]]  # distdgl has no TMA keys
+           ["pipeline=distdgl", "pipeline.sync_every_s=30"]]  # distdgl has no TMA keys
     for overrides in bad:
         with pytest.raises(Exception) as e:
             compose_config(overrides)
         assert "pipeline." in str(e.value), overrides
-    assert "sync_every" not in compose_config(["pipeline=distdgl"]).pipeline
+    assert "sync_every_s" not in compose_config(["pipeline=distdgl"]).pipeline
 
 
-def test_parse_duration():
-    assert parse_duration("30s") == 30 and parse_duration("2min") == 120 and parse_duration("1.5h") == 5400
-    assert parse_duration(45) == 45 and parse_duration("7") == 7
-    for bad in ("soon", "5 days", "", "-3s"):
-        with pytest.raises(ValueError, match="not a duration"):
-            parse_duration(bad, "pipeline.sync_every")
+def test_durations_are_seconds_like_every_duration_key():
+    """One unit for every duration of degnn: seconds, in keys named `_s` (train.time_limit_s,
+    cluster.hang_timeout_s, pipeline.sync_every_s, ...); a duration string is refused, naming the key."""
+    assert compose_config(["pipeline=tma", "pipeline.time_limit_s=45.5"]).pipeline.time_limit_s == 45.5
+    with pytest.raises(ValueError, match=r"pipeline.sync_every_s='30s': pipeline=tma expects float"):
+        compose_config(["pipeline=tma", "pipeline.sync_every_s=30s"])
 
 
 def _cfg(*overrides):
@@ -64,14 +64,14 @@ def _cfg(*overrides):
 
 @pytest.mark.parametrize("overrides, message", [
     (["pipeline.variant=fast"], "pipeline.variant='fast'"),
-    (["pipeline.sync_every=often"], "pipeline.sync_every='often' is not a duration"),
-    (["pipeline.time_limit=0s"], "must be positive"),
+    (["pipeline.sync_every_s=-1"], "pipeline.sync_every_s=-1.0: must be a positive number of seconds"),
+    (["pipeline.time_limit_s=0"], "pipeline.time_limit_s=0.0: must be a positive number of seconds"),
     (["pipeline.weighting=edges"], "pipeline.weighting='edges'"),
     (["pipeline.drop_parts=[4]"], "distinct partition indices 0..3"),
     (["pipeline.drop_parts=[1,1]"], "distinct partition indices"),
     (["pipeline.drop_parts=[0,1,2,3]"], "drops every partition"),
     (["pipeline.kill_rank=4"], "pipeline.kill_rank=4"),
-    (["pipeline.kill_at=later"], "pipeline.kill_at='later' is not a duration"),
+    (["pipeline.kill_at_s=-2"], "pipeline.kill_at_s=-2.0: must be >= 0 seconds"),
     (["pipeline.kill_during=setup"], "pipeline.kill_during='setup'"),
 ])
 def test_launcher_preflight_rejects(overrides, message):
@@ -108,10 +108,10 @@ def test_variant_picks_the_partition_unless_given(variant):
 
 
 def test_launcher_rejects_bad_tma_config_before_anything_starts(tmp_path):
-    p = subprocess.run([PY, "-m", "degnn.launch", "pipeline=tma", "pipeline.sync_every=often",
+    p = subprocess.run([PY, "-m", "degnn.launch", "pipeline=tma", "pipeline.sync_every_s=often",
                         f"hydra.run.dir={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
-    assert "pipeline.sync_every='often' is not a duration" in p.stderr
+    assert "pipeline.sync_every_s='often': pipeline=tma expects float there" in p.stderr
     assert p.stderr.strip().count("\n") == 0
     assert not (tmp_path / "summary.json").exists()
 
@@ -174,7 +174,7 @@ def _work(c, r, rank, now):
 
 def test_the_evaluation_is_split_over_the_live_trainers_and_a_dead_ones_units_are_handed_on():
     """Two units per partition, one layer and the scoring: each trainer computes its own
-    partition's units; rank 2 goes silent holding one, and after evaluator_timeout (10 s) its units
+    partition's units; rank 2 goes silent holding one, and after evaluator_timeout_s (10 s) its units
     go to the live trainers, so the scores still cover every unit."""
     c = Coordinator([0, 1, 2], round_timeout_s=5, start_timeout_s=60, evaluator_timeout_s=10,
                     homes=[0, 0, 1, 1, 2, 2], phases=2)
@@ -264,7 +264,7 @@ def test_the_next_round_starts_without_a_trainer_that_never_picks_up_the_release
     c.release(1, 0, torch.zeros(0), {}, now=1.0)
     c.poll_release(1, 1, now=1.0)
     assert c.poll_start(1, now=5.9) == "wait"  # rank 2 may still come
-    assert c.poll_start(1, now=6.1) == "go"  # round_timeout (5 s) after the release
+    assert c.poll_start(1, now=6.1) == "go"  # round_timeout_s (5 s) after the release
 
 
 # ---- the supervisor's fault policy (plain processes) -------------------------------------------------------
@@ -334,8 +334,8 @@ def _nothing_left(run_dir) -> None:
 @pytest.mark.parametrize("variant", ["random", "supernode", "psgd-pa", "llcg"])
 def test_each_variant_trains_averages_and_evaluates_on_two_machines(tmp_path, variant):
     run_dir = tmp_path / "run"
-    r = _launch(run_dir, "cluster.machines=2", f"pipeline.variant={variant}", "pipeline.time_limit=8s",
-                "pipeline.sync_every=4s")
+    r = _launch(run_dir, "cluster.machines=2", f"pipeline.variant={variant}", "pipeline.time_limit_s=8",
+                "pipeline.sync_every_s=4")
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     assert f"result: pipeline=tma/{variant}" in r.stdout
     s = _summary(run_dir)
@@ -379,8 +379,8 @@ def test_each_variant_trains_averages_and_evaluates_on_two_machines(tmp_path, va
 @netns
 def test_a_dropped_partition_is_never_trained(tmp_path):
     run_dir = tmp_path / "run"
-    r = _launch(run_dir, "cluster.machines=2", "pipeline.drop_parts=[1]", "pipeline.time_limit=6s",
-                "pipeline.sync_every=3s")
+    r = _launch(run_dir, "cluster.machines=2", "pipeline.drop_parts=[1]", "pipeline.time_limit_s=6",
+                "pipeline.sync_every_s=3")
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     s = _summary(run_dir)
     assert s["status"] == "ok" and s["trainers_alive"] == 1 and s["drop_parts"] == [1]
@@ -418,15 +418,15 @@ def _split_sizes(run_dir) -> dict:
 def test_a_trainer_killed_mid_run_does_not_stop_training(tmp_path, victim):
     """Rank 2 of 4 SIGKILLed by the test after round 1; or rank 0, the lead of the evaluation,
     SIGKILLing itself in the middle of round 2's evaluation, holding a unit of the second layer
-    (pipeline.kill_rank, the benchmarks' fault injection): after evaluator_timeout its units go to
+    (pipeline.kill_rank, the benchmarks' fault injection): after evaluator_timeout_s its units go to
     the live trainers and the lowest live rank leads round 2 instead. Every evaluation, the one it
     died in too, scores every validation and test node."""
     run_dir = tmp_path / "run"
     machines = 4 if victim == 2 else 3
-    inject = [] if victim == 2 else [f"pipeline.kill_rank={victim}", "pipeline.kill_at=6s",
+    inject = [] if victim == 2 else [f"pipeline.kill_rank={victim}", "pipeline.kill_at_s=6",
                                      "pipeline.kill_during=eval"]
-    p = subprocess.Popen([PY, *BASE, f"cluster.machines={machines}", "pipeline.time_limit=20s",
-                          "pipeline.sync_every=4s", "pipeline.round_timeout=3s", "pipeline.evaluator_timeout=6s",
+    p = subprocess.Popen([PY, *BASE, f"cluster.machines={machines}", "pipeline.time_limit_s=20",
+                          "pipeline.sync_every_s=4", "pipeline.round_timeout_s=3", "pipeline.evaluator_timeout_s=6",
                           *inject, f"hydra.run.dir={run_dir}"], cwd=REPO, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     try:
@@ -478,8 +478,8 @@ def test_a_hung_trainer_is_left_behind_and_stopped_at_the_end(tmp_path):
     """SIGSTOP (not kill) rank 2 of 3 after round 1: the coordinator counts it dead at the next
     deadline, the others finish, and the launcher stops the hung process (hang_timeout_s)."""
     run_dir = tmp_path / "run"
-    p = subprocess.Popen([PY, *BASE, "cluster.machines=3", "pipeline.time_limit=12s", "pipeline.sync_every=4s",
-                          "pipeline.round_timeout=3s", "cluster.hang_timeout_s=10", f"hydra.run.dir={run_dir}"],
+    p = subprocess.Popen([PY, *BASE, "cluster.machines=3", "pipeline.time_limit_s=12", "pipeline.sync_every_s=4",
+                          "pipeline.round_timeout_s=3", "cluster.hang_timeout_s=10", f"hydra.run.dir={run_dir}"],
                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 200
@@ -509,10 +509,10 @@ def test_a_hung_trainer_is_left_behind_and_stopped_at_the_end(tmp_path):
 @netns
 def test_resume_continues_the_rounds(tmp_path):
     run1, run2 = tmp_path / "run1", tmp_path / "run2"
-    common = ["cluster.machines=2", "pipeline.sync_every=3s"]
-    r = _launch(run1, *common, "pipeline.time_limit=6s")
+    common = ["cluster.machines=2", "pipeline.sync_every_s=3"]
+    r = _launch(run1, *common, "pipeline.time_limit_s=6")
     assert r.returncode == 0, r.stderr[-3000:]
-    r = _launch(run2, *common, "pipeline.time_limit=9s", f"resume={run1}")
+    r = _launch(run2, *common, "pipeline.time_limit_s=9", f"resume={run1}")
     assert r.returncode == 0, r.stderr[-3000:]
     c1, c2 = read_curve(run1), read_curve(run2)
     assert [c["round"] for c in c2] == [1, 2, 3] and c2[:2] == c1
@@ -543,7 +543,7 @@ def test_bench_tma_composes_and_every_job_is_a_valid_tma_or_distdgl_run():
                 if cfg.pipeline.name == "tma":
                     OmegaConf.set_struct(cfg, True)
                     TMAPipeline.prepare_launch(cfg, list(job))  # the launcher's own checks
-                    budget = parse_duration(cfg.pipeline.time_limit)
+                    budget = cfg.pipeline.time_limit_s
                 else:
                     budget = cfg.train.time_limit_s
                 # one budget and the paper's fan-outs for every method

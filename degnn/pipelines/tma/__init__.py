@@ -2,7 +2,7 @@
 
 One model per machine, trained only on the subgraph its machine owns (local.py: cross-partition
 edges dropped, no feature traffic), replaced by the mean of the live trainers' models every
-`sync_every` of wall time. The variants differ only in the partition and in LLCG's correction:
+`sync_every_s` seconds of wall time. The variants differ only in the partition and in LLCG's correction:
 
 | variant    | partition (unless `partition=` is given) | after each averaging                  |
 |------------|------------------------------------------|---------------------------------------|
@@ -11,7 +11,7 @@ edges dropped, no feature traffic), replaced by the mean of the live trainers' m
 | psgd-pa    | metis (one edge-balanced part each)      | -                                     |
 | llcg       | metis                                    | `corr_steps` whole-graph Adam steps   |
 
-A round (rounds.py drives it, service.py has the protocol): every trainer trains for `sync_every`
+A round (rounds.py drives it, service.py has the protocol): every trainer trains for `sync_every_s` seconds
 of wall time at its own pace (this class's `step`, finishing the step under way), submits its
 parameters to the averaging service on graph server 0 and gets the (by default unweighted) mean
 of whoever submitted by the deadline; its Adam state stays its own. Then the live trainers
@@ -19,7 +19,7 @@ evaluate the averaged model together (evaluation.py: layer-wise full-neighbour i
 DistGraph, each trainer computing units of nodes the coordinator hands out, no process holding the
 whole graph), outside everyone's training clock (the paper's clock); the lowest contributing rank
 leads: it records the round and releases it. Round 0 only hands every trainer the lowest rank's
-initial weights and starts the clocks together. The last round ends at `time_limit`.
+initial weights and starts the clocks together. The last round ends at `time_limit_s`.
 
 No torch.distributed at all (Pipeline.tolerates_trainer_faults): a trainer that dies is left out of
 the next deadline, its share of an evaluation goes to a live one, a dead lead is replaced, and the
@@ -41,7 +41,6 @@ import json
 import logging
 import math
 import os
-import re
 import signal
 import time
 from dataclasses import dataclass, field
@@ -64,19 +63,6 @@ from .service import CoordinatorClient
 VARIANT_PARTITION = {"random": "random", "supernode": "supernode", "psgd-pa": "metis", "llcg": "metis"}
 WEIGHTINGS = ("uniform", "train_nodes")
 BEAT_EVERY_S = 2.0
-
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|sec|secs|m|min|mins|h|hr|hrs)?\s*$")
-_UNIT_S = {None: 1, "s": 1, "sec": 1, "secs": 1, "m": 60, "min": 60, "mins": 60, "h": 3600, "hr": 3600,
-           "hrs": 3600}
-
-
-def parse_duration(value, key: str = "duration") -> float:
-    """'30s', '2min', '1.5h' or a number of seconds -> seconds (ValueError naming `key`)."""
-    m = _DURATION.match(str(value))
-    if not m:
-        raise ValueError(f"{key}={value!r} is not a duration: write e.g. 30s, 2min or 1h")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
-
 
 @dataclass
 class TMASummary:
@@ -129,13 +115,9 @@ class TMAPipeline(Pipeline):
         p = cfg.pipeline
         if p.variant not in VARIANT_PARTITION:
             raise ValueError(f"pipeline.variant={p.variant!r}: choose one of {', '.join(VARIANT_PARTITION)}")
-        sync = parse_duration(p.sync_every, "pipeline.sync_every")
-        limit = parse_duration(p.time_limit, "pipeline.time_limit")
-        for key in ("round_timeout", "evaluator_timeout"):
-            if parse_duration(p[key], f"pipeline.{key}") <= 0:
-                raise ValueError(f"pipeline.{key} must be positive")
-        if sync <= 0 or limit <= 0:
-            raise ValueError("pipeline.sync_every and pipeline.time_limit must be positive")
+        for key in ("sync_every_s", "time_limit_s", "round_timeout_s", "evaluator_timeout_s"):
+            if p[key] <= 0:
+                raise ValueError(f"pipeline.{key}={p[key]}: must be a positive number of seconds")
         if p.weighting not in WEIGHTINGS:
             raise ValueError(f"pipeline.weighting={p.weighting!r}: choose uniform or train_nodes")
         if p.grad_clip < 0 or p.corr_steps < 0:
@@ -149,7 +131,8 @@ class TMAPipeline(Pipeline):
             raise ValueError(f"pipeline.drop_parts={drop}: give distinct partition indices 0..{k - 1}")
         if len(drop) >= k:
             raise ValueError(f"pipeline.drop_parts={drop} drops every partition: nothing would train")
-        parse_duration(p.kill_at, "pipeline.kill_at")
+        if p.kill_at_s < 0:
+            raise ValueError(f"pipeline.kill_at_s={p.kill_at_s}: must be >= 0 seconds")
         if p.kill_during not in ("train", "eval"):
             raise ValueError(f"pipeline.kill_during={p.kill_during!r}: choose train or eval")
         if p.kill_rank is not None and not 0 <= p.kill_rank < k:
@@ -172,8 +155,8 @@ class TMAPipeline(Pipeline):
         g = ctx.graph
         self.pb = g.get_partition_book()
         self.part = int(self.pb.partid)
-        self.sync_s = parse_duration(p.sync_every)
-        self.limit_s = parse_duration(p.time_limit)
+        self.sync_s = float(p.sync_every_s)
+        self.limit_s = float(p.time_limit_s)
         self.rounds_total = max(1, math.ceil(self.limit_s / self.sync_s - 1e-9))
         tpm = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", cfg.cluster.trainers_per_machine)))
         self.active = [r for r in range(ctx.world_size) if r // tpm not in set(p.drop_parts)]
@@ -192,7 +175,7 @@ class TMAPipeline(Pipeline):
         self.corrector = None
         self.last_beat = 0.0
         self.eval_round: Optional[int] = None  # the round this trainer evaluates now
-        self.kill_at = parse_duration(p.kill_at) if p.kill_rank == ctx.rank else None
+        self.kill_at = float(p.kill_at_s) if p.kill_rank == ctx.rank else None
         # every trainer makes the evaluation's DistTensors together (a DGL barrier), dropped ones too
         self.evaluation = SharedEvaluation(g, task, ctx.counter, cfg.train.eval_batch_size)
         task.evaluate_fn()  # the dataset's evaluator (OGB's), built once before the clocks start
@@ -210,8 +193,8 @@ class TMAPipeline(Pipeline):
     def coordinator_settings(self, start_timeout_s: float) -> dict:
         p = self.cfg.pipeline
         return {"active": self.active, "start_timeout_s": start_timeout_s,
-                "round_timeout_s": parse_duration(p.round_timeout),
-                "evaluator_timeout_s": parse_duration(p.evaluator_timeout),
+                "round_timeout_s": float(p.round_timeout_s),
+                "evaluator_timeout_s": float(p.evaluator_timeout_s),
                 "corrects": p.variant == "llcg" and p.corr_steps > 0, **self.evaluation.plan()}
 
     def round_bytes(self) -> int:
@@ -246,7 +229,7 @@ class TMAPipeline(Pipeline):
         return self.optimize(loss, clip)
 
     def _maybe_die(self, trained_s: float, where: str) -> None:
-        """Fault injection (pipeline.kill_rank): SIGKILL this process once it trained `kill_at`."""
+        """Fault injection (pipeline.kill_rank): SIGKILL this process once it trained `kill_at_s` seconds."""
         if self.kill_at is not None and trained_s >= self.kill_at:
             self.log.warning("pipeline.kill_rank=%d: killing myself (SIGKILL) in %s after %.1fs of "
                              "training", self.ctx.rank, where, trained_s)
@@ -327,7 +310,7 @@ class TMAPipeline(Pipeline):
             rounds=self.rounds_total, trainers_alive=len(context["alive_ranks"]),
             trainers_alive_ranks=context["alive_ranks"], trainers_dead_ranks=context["dead_ranks"],
             drop_parts=list(p.drop_parts), kill_rank=p.kill_rank,
-            kill_at_s=parse_duration(p.kill_at) if p.kill_rank is not None else None,
+            kill_at_s=float(p.kill_at_s) if p.kill_rank is not None else None,
             bandwidth=self.cfg.cluster.bandwidth, sync_every_s=self.sync_s, time_limit_s=self.limit_s,
             weighting=p.weighting, corr_steps=p.corr_steps if p.variant == "llcg" else 0,
             partition_method=self.cfg.partition.method, label_tv_mean=label_tv,

@@ -12,7 +12,7 @@ class TMAConfig(PipelineConfig):
     """The keys of pipeline=tma (degnn/conf/pipeline/tma.yaml): a mistyped key or a wrong type is
     refused before anything starts (degnn.pipelines.typed_config), and other pipelines have none of them.
 
-    Durations are strings ("30s", "2min", "1h") or plain seconds; the launcher checks them (and
+    Durations are seconds (`_s`), like every duration key of degnn; the launcher checks them (and
     the rest) before it starts anything (TMAPipeline.prepare_launch).
     """
 
@@ -20,10 +20,10 @@ class TMAConfig(PipelineConfig):
     # random (RandomTMA) | supernode (SuperTMA) | psgd-pa | llcg; picks the partition method
     # (random, supernode, metis, metis) unless `partition=` is given on the command line
     variant: str = "random"
-    # wall time of local training between two model averagings
-    sync_every: str = "30s"
-    # training-time budget (evaluation excluded, as in the paper's clock)
-    time_limit: str = "3min"
+    # seconds of wall time of local training between two model averagings
+    sync_every_s: float = 30.0
+    # seconds of training (evaluation excluded, as in the paper's clock)
+    time_limit_s: float = 180.0
     # uniform (the paper's unweighted mean) | train_nodes (weighted by each trainer's train nodes;
     # link task: by its training edges)
     weighting: str = "uniform"
@@ -35,14 +35,14 @@ class TMAConfig(PipelineConfig):
     # partitions (0-based, = machine index) whose trainer never trains (the paper's failure simulation)
     drop_parts: List[int] = field(default_factory=list)
     # a round closes without a trainer that has not submitted this long after the first one did
-    round_timeout: str = "5s"
+    round_timeout_s: float = 5.0
     # a trainer the evaluation waits for (its lead, a worker holding a unit, the trainer of a
     # partition whose units nobody took) is declared dead after this long without a heartbeat
-    evaluator_timeout: str = "60s"
+    evaluator_timeout_s: float = 60.0
     # fault injection (benchmarks, tests): trainer `kill_rank` SIGKILLs itself once it has trained
-    # for `kill_at` (a real death: no clean-up, nothing said to anyone)
+    # for `kill_at_s` seconds (a real death: no clean-up, nothing said to anyone)
     kill_rank: Optional[int] = None
-    kill_at: str = "0s"
-    # train: at the first step past `kill_at`; eval: in the first evaluation after that, holding a
+    kill_at_s: float = 0.0
+    # train: at the first step past `kill_at_s`; eval: in the first evaluation after that, holding a
     # unit of its second phase
     kill_during: str = "train"

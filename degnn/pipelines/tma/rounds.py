@@ -3,7 +3,7 @@
 
 One round r (service.py has the protocol on graph server 0):
 
-    train: the pipeline's steps for `sync_every` of wall time (the step under way is finished)
+    train: the pipeline's steps for `sync_every_s` seconds of wall time (the step under way is finished)
     -> submit the flat parameters and this trainer's stats -> poll until the round closes and
     take the mean of whoever submitted in time -> the evaluation (`evaluate_round`): every live
     trainer computes the units of it the coordinator hands out (layer rows, then scores; LLCG:

@@ -9,7 +9,7 @@ round r (r = 0 is the start: the lowest rank's initial weights go to everyone, s
 starts identical, and the training clocks start together):
   1. each trainer `submit`s its flattened parameters (and its weight, and its stats) for round r;
   2. it `poll_mean`s until the round is closed: when every trainer still counted alive has
-     submitted, or `round_timeout` after the first submission; whoever has not submitted by then
+     submitted, or `round_timeout_s` after the first submission; whoever has not submitted by then
      is counted dead (it re-joins if it submits a later round). The answer is the weighted mean
      of the submissions, who contributed, and who leads the evaluation (the lowest contributing
      rank);
@@ -25,10 +25,10 @@ starts identical, and the training clocks start together):
      every unit), records the round and `release`s it; the others `eval_poll` until then.
      Nothing waits on a dead peer: a trainer the evaluation waits for (the lead, a worker holding
      a unit, the trainer of a partition whose units are not taken) that sends nothing for
-     `evaluator_timeout` is counted dead, its units go back to be handed to a live one, and the
+     `evaluator_timeout_s` is counted dead, its units go back to be handed to a live one, and the
      next contributing rank leads if it led;
   5. everyone `poll_start`s until every live contributor has the released weights (round 0:
-     the initial weights), or `round_timeout` has passed, and the next round's training starts.
+     the initial weights), or `round_timeout_s` has passed, and the next round's training starts.
 
 A round in which every contributor that trained reports a non-finite loss has diverged: the
 mean is not finite either, so nothing can come of going on. Its answer (`poll_mean`) carries
@@ -171,7 +171,7 @@ class Coordinator:
 
     def _expire(self, r: int, rd: _Round, now: float) -> None:
         """Count dead whoever the evaluation waits for and has not been heard of for
-        `evaluator_timeout`: the lead, a worker holding a unit, the trainer of a pending unit."""
+        `evaluator_timeout_s`: the lead, a worker holding a unit, the trainer of a pending unit."""
         if r == 0 or not rd.closed or rd.released or rd.diverged:
             return
         timeout = self.evaluator_timeout_s
@@ -334,7 +334,7 @@ class Coordinator:
         return "ok"
 
     def poll_start(self, r: int, now: float) -> str:
-        """'go' once every live contributor has the released weights (or `round_timeout` after the
+        """'go' once every live contributor has the released weights (or `round_timeout_s` after the
         release): the next round starts together everywhere, and no averaging traffic is still
         under way while a trainer trains (the wire counters of the training intervals stay clean)."""
         rd = self._round(r)
