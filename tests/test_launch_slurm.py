@@ -1,0 +1,231 @@
+"""cluster=slurm end to end against a real Slurm started here.
+
+Three network namespaces (degnn/launch/netns.py): slurmctld on the third (the head node), one
+slurmd on each of the other two (the compute nodes m0 and m1, NodeAddr their namespace address),
+the clients (sbatch, squeue, scancel) in the test's own namespace over the bridge. The
+configuration is written to a temporary folder (SLURM_CONF) with every state folder there:
+AuthType=auth/none (no munge), ProctrackType=proctrack/linuxproc, TaskPlugin=task/none, no
+accounting. slurmd initializes Slurm's cgroup v1 code even so, and `ip netns exec` gave each
+namespace a fresh /sys without /sys/fs/cgroup: each compute node gets a tmpfs there with the
+named `systemd` hierarchy mounted in it, which is all slurmd checks for. Everything is
+torn down by the fixture (the namespaces' processes are killed with them).
+
+Needs root, network namespaces and Debian's slurmctld, slurmd and slurm-client
+(`apt-get install slurmctld slurmd slurm-client`); skipped otherwise.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import fake_entry
+from netns_support import REASON as NETNS_REASON
+from timing import budget
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+NEEDED = ("slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "scontrol")
+SLURM = {t: shutil.which(t) or shutil.which(t, path="/usr/sbin:/usr/bin") for t in NEEDED}
+MISSING = [t for t, p in SLURM.items() if p is None]
+
+pytestmark = pytest.mark.skipif(
+    NETNS_REASON is not None or bool(MISSING),
+    reason=str(NETNS_REASON) if NETNS_REASON else
+    f"needs Slurm ({', '.join(MISSING)} missing: apt-get install slurmctld slurmd slurm-client)")
+
+SUBNET = "10.79.5"
+
+
+def slurm_conf(d: Path, net) -> str:
+    nodes = "".join(f"NodeName=m{m} NodeHostname={net.hostname(m)} NodeAddr={net.ips[m]} CPUs=2 "
+                    f"State=UNKNOWN\n" for m in range(2))
+    return (f"ClusterName=degnntest\nSlurmctldHost={net.hostname(2)}({net.ips[2]})\n"
+            "AuthType=auth/none\nCredType=cred/none\nSlurmUser=root\nSlurmdUser=root\n"
+            f"StateSaveLocation={d}/state\nSlurmdSpoolDir={d}/spool/%n\n"
+            f"SlurmctldPidFile={d}/slurmctld.pid\nSlurmdPidFile={d}/slurmd.%n.pid\n"
+            f"SlurmctldLogFile={d}/slurmctld.log\nSlurmdLogFile={d}/slurmd.%n.log\n"
+            "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\n"
+            "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
+            "JobCompType=jobcomp/none\nMpiDefault=none\nSwitchType=switch/none\n"
+            "SelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
+            "SlurmdParameters=config_overrides\nReturnToService=2\nKillWait=10\nMinJobAge=30\n"
+            f"{nodes}PartitionName=test Nodes=m0,m1 Default=YES MaxTime=INFINITE State=UP\n")
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    from degnn.launch import NetnsCluster
+
+    d = tmp_path_factory.mktemp("slurm")
+    for sub in ("state", "spool/m0", "spool/m1"):
+        (d / sub).mkdir(parents=True)
+    env = {**os.environ, "SLURM_CONF": str(d / "slurm.conf")}
+    daemons = []
+    with NetnsCluster(3, subnet=SUBNET) as net:
+        try:
+            # this namespace reaches the head node over the bridge, like a login host
+            subprocess.run(["ip", "addr", "add", f"{SUBNET}.254/24", "dev", net.bridge], check=True)
+            (d / "slurm.conf").write_text(slurm_conf(d, net))
+            for m in range(2):
+                subprocess.run([*net.prefix(m, "/"), "sh", "-c",
+                                "mount -t tmpfs cgroup /sys/fs/cgroup && mkdir /sys/fs/cgroup/systemd"
+                                " && mount -t cgroup -o none,name=systemd cgroup "
+                                "/sys/fs/cgroup/systemd"], check=True)
+            t0 = time.monotonic()
+            daemons.append(subprocess.Popen([*net.prefix(2, "/"), SLURM["slurmctld"], "-D", "-i"],
+                                            env=env, stdout=open(d / "slurmctld.out", "w"),
+                                            stderr=subprocess.STDOUT))
+            for m in range(2):
+                daemons.append(subprocess.Popen(
+                    [*net.prefix(m, "/"), SLURM["slurmd"], "-D", "-N", f"m{m}"], env=env,
+                    stdout=open(d / f"slurmd.m{m}.out", "w"), stderr=subprocess.STDOUT))
+            deadline = time.monotonic() + budget(60)
+            while True:
+                r = subprocess.run([SLURM["sinfo"], "--noheader", "--format=%n %T"], env=env,
+                                   capture_output=True, text=True)
+                if r.stdout.split().count("idle") == 2:
+                    break
+                dead = [p for p in daemons if p.poll() is not None]
+                if dead or time.monotonic() > deadline:
+                    logs = "; ".join(f.name + ": " + f.read_text()[-300:] for f in sorted(d.glob("*.out")))
+                    pytest.fail(f"Slurm did not come up (sinfo: {r.stdout.strip()!r}): {logs}")
+                time.sleep(0.3)
+            print(f"Slurm up in {time.monotonic() - t0:.1f}s")
+            yield {"env": env, "dir": d, "net": net}
+        finally:
+            subprocess.run([SLURM["scancel"], "--quiet", "--full", "--partition=test"], env=env,
+                           capture_output=True)
+            for p in daemons:
+                p.terminate()
+            for p in daemons:
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+    # the namespaces are gone, and every process that ran in them
+    assert not fake_entry.processes_mentioning(str(d))
+
+
+def job_state(slurm, job: str) -> dict:
+    r = subprocess.run([SLURM["scontrol"], "show", "job", "--oneliner", job], env=slurm["env"],
+                       capture_output=True, text=True)
+    return dict(f.split("=", 1) for f in r.stdout.split() if "=" in f)
+
+
+def sbatch(slurm, script: str, out: Path, *, wait: bool, env=None, timeout=240):
+    """Submit `script` on 2 nodes; returns the job id, and with `wait` its exit code once it
+    ended (polled here: `sbatch --wait` looks only every few seconds)."""
+    job = out.with_suffix(".sh")
+    job.write_text(f"#!/bin/sh\ncd {REPO}\n{script}\n")
+    r = subprocess.run([SLURM["sbatch"], "--parsable", "--nodes=2", f"--output={out}", str(job)],
+                       env={**slurm["env"], **(env or {})}, capture_output=True, text=True,
+                       check=True)
+    job_id = r.stdout.strip().split(";")[0]
+    if not wait:
+        return job_id, None
+    deadline = time.monotonic() + budget(timeout)
+    while True:
+        state = job_state(slurm, job_id)
+        if state.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            return job_id, int(state["ExitCode"].split(":")[0])
+        if time.monotonic() > deadline:
+            pytest.fail(f"job {job_id} still {state.get('JobState')} after {timeout}s")
+        time.sleep(0.3)
+
+
+def netns_of(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+def test_slurm_job_trains_on_two_nodes(slurm, tmp_path):
+    """The real entry, submitted with sbatch -N 2: the machines are the allocation's nodes, every
+    process is an srun step on its node, and it trains (a margin over chance)."""
+    run = tmp_path / "real"
+    t0 = time.monotonic()
+    _, rc = sbatch(slurm, f"exec {PY} -m degnn.launch cluster=slurm dataset=synthetic-tiny "
+                          f"train.epochs=3 train.batch_size=128 hydra.run.dir={run}",
+                   tmp_path / "job.out", wait=True)
+    took = time.monotonic() - t0
+    out = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    assert rc == 0, out[-3000:]
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == "ok" and s["machines"] == 2 and s["trainers"] == 2, s
+    assert s["test"] > 0.125 + 0.2, s  # it learned (8 classes: chance is 0.125)
+    assert f"nodes m0={SUBNET}.1, m1={SUBNET}.2; gloo interfaces: m0=eth0, m1=eth0" in out, out
+    assert "result: pipeline=distdgl" in out
+    assert not fake_entry.processes_mentioning(str(run))
+    print(f"real run under sbatch: {took:.1f}s")
+
+
+def wait_for(what, check, timeout):
+    deadline = time.monotonic() + budget(timeout)
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def fake_job(slurm, tmp_path, *args, env=None, wait=False):
+    """A launcher under sbatch whose processes are tests/fake_entry.py (the full command line:
+    partitions of synthetic-tiny, one per node); `args` first (-m before the overrides)."""
+    return sbatch(slurm, f"exec {PY} -m degnn.launch {' '.join(args)} cluster=slurm "
+                         f"dataset=synthetic-tiny "
+                         "cluster.trainers_per_machine=2",
+                  tmp_path / "job.out", wait=wait,
+                  env={"DEGNN_ENTRY": "tests.fake_entry", **(env or {})})
+
+
+def test_scancel_stops_every_process_on_every_node(slurm, tmp_path):
+    run = tmp_path / "run"
+    # every process waits (as peers of a failing one do) until it is stopped
+    job, _ = fake_job(slurm, tmp_path, f"hydra.run.dir={run}", env={"DEGNN_FAKE_FAIL_RANK": "99"})
+    wait_for("every trainer to start", lambda: all(
+        (run / f"fake_rank{k}.json").exists() for k in range(4)), 120)
+    pids = fake_entry.processes_mentioning(str(run))
+    ns = {netns_of(p) for p in pids}
+    nodes = {netns_of(slurm["net"].holders[m].pid) for m in range(2)}
+    assert nodes <= ns, (ns, nodes)  # processes on both compute nodes
+    for k in range(4):  # each trainer on its own node: ranks 0, 1 on m0, ranks 2, 3 on m1
+        res = json.loads((run / f"fake_rank{k}.json").read_text())
+        assert res["hostname"] == slurm["net"].hostname(k // 2), res
+    t0 = time.monotonic()
+    subprocess.run([SLURM["scancel"], job], env=slurm["env"], check=True)
+    wait_for("every process of the run to end", lambda: not fake_entry.processes_mentioning(str(run)),
+             60)
+    took = time.monotonic() - t0
+    assert took < 30, took
+    print(f"scancel: every process gone in {took:.1f}s")
+
+
+def test_sweep_runs_one_after_another_inside_one_allocation(slurm, tmp_path):
+    sweep = tmp_path / "sweep"
+    _, rc = fake_job(slurm, tmp_path, "-m", f"hydra.sweep.dir={sweep}", "train.seed=0,1", wait=True)
+    out = (tmp_path / "job.out").read_text()
+    assert rc == 0, out[-3000:]
+    for k in range(2):
+        s = json.loads((sweep / str(k) / "summary.json").read_text())
+        assert s["status"] == "ok" and s["machines"] == 2, s
+    assert out.count("result: pipeline=fake") == 2, out[-3000:]
+    assert not fake_entry.processes_mentioning(str(sweep))
+
+
+def test_a_dead_process_ends_the_run_on_every_node(slurm, tmp_path):
+    run = tmp_path / "run"
+    _, rc = fake_job(slurm, tmp_path, f"hydra.run.dir={run}", env={"DEGNN_FAKE_FAIL_RANK": "3"},
+                     wait=True)
+    out = (tmp_path / "job.out").read_text()
+    assert rc == 1, out[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("degnn.launch: run failed: trainer rank 3 (machine 1)"), out[-3000:]
+    assert "exited with code 1" in last
+    s = json.loads((run / "summary.json").read_text())
+    assert s["status"] == "failed" and s["failed_process"]["machine"] == 1, s
+    assert not fake_entry.processes_mentioning(str(run))
