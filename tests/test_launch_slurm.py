@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 
 import fake_entry
 from netns_support import REASON as NETNS_REASON
@@ -35,12 +36,84 @@ NEEDED = ("slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "scontr
 SLURM = {t: shutil.which(t) or shutil.which(t, path="/usr/sbin:/usr/bin") for t in NEEDED}
 MISSING = [t for t, p in SLURM.items() if p is None]
 
-pytestmark = pytest.mark.skipif(
+needs_slurm = pytest.mark.skipif(
     NETNS_REASON is not None or bool(MISSING),
     reason=str(NETNS_REASON) if NETNS_REASON else
     f"needs Slurm ({', '.join(MISSING)} missing: apt-get install slurmctld slurmd slurm-client)")
 
 SUBNET = "10.79.5"
+
+
+# ---- without Slurm: the allocation is read with scontrol, the commands are srun steps ----------
+def cfg_of(*overrides):
+    from degnn.config import CONF_DIR, register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def one_line_error(fn) -> str:
+    from degnn.launch import LaunchError
+
+    with pytest.raises(LaunchError) as e:
+        fn()
+    assert "\n" not in str(e.value) and str(e.value)
+    return str(e.value)
+
+
+FAKE_SCONTROL = """#!/bin/sh
+# `scontrol show hostnames n[1-2]` and `scontrol show node --oneliner n1,n2` of a 2-node job
+case "$2" in
+  hostnames) echo n1; echo n2 ;;
+  node) echo "NodeName=n1 Arch=x86_64 NodeAddr=10.0.0.1 NodeHostName=n1 State=ALLOCATED"
+        echo "NodeName=n2 Arch=x86_64 NodeAddr=localhost NodeHostName=n2 State=ALLOCATED" ;;
+  *) echo "scontrol: error: unexpected $*" >&2; exit 1 ;;
+esac
+"""
+
+
+def test_allocation_nodes_and_srun_commands(tmp_path, monkeypatch):
+    from degnn.launch import make_plan
+    from degnn.launch import slurm
+    from degnn.runtime.cluster import count_ip_config, machines_of
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    msg = one_line_error(lambda: machines_of(cfg_of("cluster=slurm").cluster))
+    assert msg.startswith("cluster=slurm runs inside a Slurm allocation") and "sbatch -N" in msg
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    cfg = cfg_of("cluster=slurm", "cluster.trainers_per_machine=2")
+    # a node's NodeAddr as Slurm reaches it; a name is resolved here
+    assert machines_of(cfg.cluster) == [("10.0.0.1", 30050), ("127.0.0.1", 30050)]
+    assert slurm.slurm_nodes() == [("n1", "10.0.0.1"), ("n2", "127.0.0.1")]
+    # the machine count is the allocation's (like ip_config's lines for cluster=ssh)
+    assert count_ip_config(cfg.cluster, [], 2) == ["cluster.machines=2"]
+    msg = one_line_error(lambda: count_ip_config(cfg.cluster, ["cluster.machines=3"], 2))
+    assert msg.startswith("cluster.machines=3 but the Slurm allocation has 2 nodes")
+
+    plan = make_plan(cfg, str(tmp_path / "run"), fake_entry.make_partition(
+        str(tmp_path / "parts"), 2), ["cluster=slurm"])
+    assert [p.machine for p in plan.procs] == [0, 1, 0, 0, 1, 1]
+    rank3 = plan.trainers()[3]
+    assert rank3.env["MASTER_ADDR"] == "10.0.0.1" and rank3.env["MASTER_PORT"] == "30049"
+    assert rank3.argv[0] == PY  # the launcher's interpreter on every node
+    argv = slurm.srun_argv(rank3, "n2", env={"GLOO_SOCKET_IFNAME": "eth0"}, pid=42)
+    assert argv[:9] == ["srun", "--nodes=1", "--ntasks=1", "--nodelist=n2", "--overlap",
+                        "--job-name=degnn-42-rank3", "--export=ALL,GLOO_SOCKET_IFNAME=eth0",
+                        "--quiet", "--unbuffered"]
+    assert argv[9:] == rank3.argv
+    # a dry run plans the partitions a real run builds
+    msg = one_line_error(lambda: make_plan(cfg_of("cluster=slurm", "cluster.dry_run=true",
+                                                  "partition.num_parts=3"),
+                                           str(tmp_path / "run"), str(tmp_path / "no.json"), []))
+    assert msg.startswith("2 machines (the Slurm allocation's nodes) but 3 partitions")
 
 
 def slurm_conf(d: Path, net) -> str:
@@ -100,13 +173,22 @@ def slurm(tmp_path_factory):
             print(f"Slurm up in {time.monotonic() - t0:.1f}s")
             yield {"env": env, "dir": d, "net": net}
         finally:
-            subprocess.run([SLURM["scancel"], "--quiet", "--full", "--partition=test"], env=env,
+            # every job ended first (its steps report to slurmctld on their way out), then the
+            # daemons; the namespaces take whatever is left with them
+            subprocess.run([SLURM["scancel"], "--quiet", "--partition=test"], env=env,
                            capture_output=True)
+            deadline = time.monotonic() + 15
+            while daemons and daemons[0].poll() is None and time.monotonic() < deadline:
+                r = subprocess.run([SLURM["squeue"], "--noheader", "--states=all", "--format=%T"],
+                                   env=env, capture_output=True, text=True)
+                if not set(r.stdout.split()) - {"COMPLETED", "CANCELLED", "FAILED"}:
+                    break
+                time.sleep(0.3)
             for p in daemons:
                 p.terminate()
             for p in daemons:
                 try:
-                    p.wait(timeout=20)
+                    p.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
@@ -145,6 +227,7 @@ def netns_of(pid: int) -> str:
     return os.readlink(f"/proc/{pid}/ns/net")
 
 
+@needs_slurm
 def test_slurm_job_trains_on_two_nodes(slurm, tmp_path):
     """The real entry, submitted with sbatch -N 2: the machines are the allocation's nodes, every
     process is an srun step on its node, and it trains (a margin over chance)."""
@@ -183,7 +266,11 @@ def fake_job(slurm, tmp_path, *args, env=None, wait=False):
                   env={"DEGNN_ENTRY": "tests.fake_entry", **(env or {})})
 
 
-def test_scancel_stops_every_process_on_every_node(slurm, tmp_path):
+@needs_slurm
+@pytest.mark.parametrize("how", ["scancel", "launcher killed"])
+def test_scancel_stops_every_process_on_every_node(slurm, tmp_path, how):
+    """`scancel` of the job, or a SIGKILLed launcher (the batch script ends, so does the job):
+    Slurm ends every step on every node."""
     run = tmp_path / "run"
     # every process waits (as peers of a failing one do) until it is stopped
     job, _ = fake_job(slurm, tmp_path, f"hydra.run.dir={run}", env={"DEGNN_FAKE_FAIL_RANK": "99"})
@@ -197,14 +284,21 @@ def test_scancel_stops_every_process_on_every_node(slurm, tmp_path):
         res = json.loads((run / f"fake_rank{k}.json").read_text())
         assert res["hostname"] == slurm["net"].hostname(k // 2), res
     t0 = time.monotonic()
-    subprocess.run([SLURM["scancel"], job], env=slurm["env"], check=True)
+    if how == "scancel":
+        subprocess.run([SLURM["scancel"], job], env=slurm["env"], check=True)
+    else:
+        launcher = [p for p in pids if "-m degnn.launch" in Path(f"/proc/{p}/cmdline").read_text()
+                    .replace("\0", " ")]
+        assert len(launcher) == 1, launcher
+        os.kill(launcher[0], 9)
     wait_for("every process of the run to end", lambda: not fake_entry.processes_mentioning(str(run)),
              60)
     took = time.monotonic() - t0
     assert took < 30, took
-    print(f"scancel: every process gone in {took:.1f}s")
+    print(f"{how}: every process gone in {took:.1f}s")
 
 
+@needs_slurm
 def test_sweep_runs_one_after_another_inside_one_allocation(slurm, tmp_path):
     sweep = tmp_path / "sweep"
     _, rc = fake_job(slurm, tmp_path, "-m", f"hydra.sweep.dir={sweep}", "train.seed=0,1", wait=True)
@@ -217,10 +311,13 @@ def test_sweep_runs_one_after_another_inside_one_allocation(slurm, tmp_path):
     assert not fake_entry.processes_mentioning(str(sweep))
 
 
+@needs_slurm
 def test_a_dead_process_ends_the_run_on_every_node(slurm, tmp_path):
+    """A trainer on m1 fails: the usual fault line, and every other process is stopped, also
+    those that ignore SIGTERM (srun answers the launcher's SIGTERM by killing its step)."""
     run = tmp_path / "run"
-    _, rc = fake_job(slurm, tmp_path, f"hydra.run.dir={run}", env={"DEGNN_FAKE_FAIL_RANK": "3"},
-                     wait=True)
+    _, rc = fake_job(slurm, tmp_path, f"hydra.run.dir={run}", "cluster.stop_grace_s=1",
+                     env={"DEGNN_FAKE_FAIL_RANK": "3", "DEGNN_FAKE_IGNORE_TERM": "1"}, wait=True)
     out = (tmp_path / "job.out").read_text()
     assert rc == 1, out[-3000:]
     last = out.strip().splitlines()[-1]
