@@ -32,7 +32,7 @@ from timing import budget
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
-NEEDED = ("slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "scontrol")
+NEEDED = ("slurmctld", "slurmd", "sbatch", "salloc", "squeue", "scancel", "sinfo", "scontrol")
 SLURM = {t: shutil.which(t) or shutil.which(t, path="/usr/sbin:/usr/bin") for t in NEEDED}
 MISSING = [t for t, p in SLURM.items() if p is None]
 
@@ -266,36 +266,58 @@ def fake_job(slurm, tmp_path, *args, env=None, wait=False):
                   env={"DEGNN_ENTRY": "tests.fake_entry", **(env or {})})
 
 
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
+
+
 @needs_slurm
 @pytest.mark.parametrize("how", ["scancel", "launcher killed"])
 def test_scancel_stops_every_process_on_every_node(slurm, tmp_path, how):
-    """`scancel` of the job, or a SIGKILLed launcher (the batch script ends, so does the job):
-    Slurm ends every step on every node."""
+    """`scancel` of a batch job: Slurm signals every step, the launcher's too. A launcher
+    SIGKILLed under salloc, in a shell that keeps the allocation: its srun steps die with it,
+    Slurm ends their processes on every node."""
     run = tmp_path / "run"
     # every process waits (as peers of a failing one do) until it is stopped
-    job, _ = fake_job(slurm, tmp_path, f"hydra.run.dir={run}", env={"DEGNN_FAKE_FAIL_RANK": "99"})
-    wait_for("every trainer to start", lambda: all(
-        (run / f"fake_rank{k}.json").exists() for k in range(4)), 120)
-    pids = fake_entry.processes_mentioning(str(run))
-    ns = {netns_of(p) for p in pids}
-    nodes = {netns_of(slurm["net"].holders[m].pid) for m in range(2)}
-    assert nodes <= ns, (ns, nodes)  # processes on both compute nodes
-    for k in range(4):  # each trainer on its own node: ranks 0, 1 on m0, ranks 2, 3 on m1
-        res = json.loads((run / f"fake_rank{k}.json").read_text())
-        assert res["hostname"] == slurm["net"].hostname(k // 2), res
-    t0 = time.monotonic()
+    env = {"DEGNN_ENTRY": "tests.fake_entry", "DEGNN_FAKE_FAIL_RANK": "99"}
+    launch = (f"{PY} -m degnn.launch cluster=slurm dataset=synthetic-tiny "
+              f"cluster.trainers_per_machine=2 hydra.run.dir={run}")
     if how == "scancel":
-        subprocess.run([SLURM["scancel"], job], env=slurm["env"], check=True)
+        job, _ = sbatch(slurm, f"exec {launch}", tmp_path / "job.out", wait=False, env=env)
     else:
-        launcher = [p for p in pids if "-m degnn.launch" in Path(f"/proc/{p}/cmdline").read_text()
-                    .replace("\0", " ")]
-        assert len(launcher) == 1, launcher
-        os.kill(launcher[0], 9)
-    wait_for("every process of the run to end", lambda: not fake_entry.processes_mentioning(str(run)),
-             60)
-    took = time.monotonic() - t0
-    assert took < 30, took
-    print(f"{how}: every process gone in {took:.1f}s")
+        shell = subprocess.Popen([SLURM["salloc"], "--nodes=2", "sh", "-c", f"{launch}; sleep 60"],
+                                 cwd=REPO, env={**slurm["env"], **env},
+                                 stdout=open(tmp_path / "job.out", "w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for("every trainer to start", lambda: all(
+            (run / f"fake_rank{k}.json").exists() for k in range(4)), 120)
+        # the run's processes (not salloc and its shell, whose command line names the run too)
+        ours = lambda: [p for p in fake_entry.processes_mentioning(str(run))
+                        if cmdline(p).startswith((PY, "srun"))]
+        pids = ours()
+        ns = {netns_of(p) for p in pids}
+        nodes = {netns_of(slurm["net"].holders[m].pid) for m in range(2)}
+        assert nodes <= ns, (ns, nodes)  # processes on both compute nodes
+        for k in range(4):  # each trainer on its own node: ranks 0, 1 on m0, ranks 2, 3 on m1
+            res = json.loads((run / f"fake_rank{k}.json").read_text())
+            assert res["hostname"] == slurm["net"].hostname(k // 2), res
+        t0 = time.monotonic()
+        if how == "scancel":
+            subprocess.run([SLURM["scancel"], job], env=slurm["env"], check=True)
+        else:
+            launcher = [p for p in pids if cmdline(p).startswith(f"{PY} -m degnn.launch")]
+            assert len(launcher) == 1, launcher
+            os.kill(launcher[0], 9)
+        wait_for("every process of the run to end", lambda: not ours(), 60)
+        took = time.monotonic() - t0
+        assert took < 30, took
+        print(f"{how}: every process gone in {took:.1f}s")
+    finally:
+        if how != "scancel":
+            shell.kill()  # salloc gives the allocation back
+            shell.wait()
 
 
 @needs_slurm
@@ -326,3 +348,4 @@ def test_a_dead_process_ends_the_run_on_every_node(slurm, tmp_path):
     s = json.loads((run / "summary.json").read_text())
     assert s["status"] == "failed" and s["failed_process"]["machine"] == 1, s
     assert not fake_entry.processes_mentioning(str(run))
+
