@@ -314,6 +314,10 @@ def test_scancel_stops_every_process_on_every_node(slurm, tmp_path, how):
         took = time.monotonic() - t0
         assert took < 30, took
         print(f"{how}: every process gone in {took:.1f}s")
+        if how == "scancel":  # the launcher's last line says why
+            last = (tmp_path / "job.out").read_text().strip().splitlines()[-1]
+            assert last.startswith(f"degnn.launch: run failed: Slurm job {job} is "), last
+            assert "interrupted by SIGTERM; stopping every process" in last, last
     finally:
         if how != "scancel":
             shell.kill()  # salloc gives the allocation back

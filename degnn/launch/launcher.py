@@ -363,6 +363,8 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
         say(f"{len(plan.procs)} processes ({len(plan.servers())} servers, "
             f"{len(plan.trainers())} trainers); logs in {run_dir}")
         outcome = sup.run()
+        if cl.kind == "slurm" and not outcome.ok:
+            outcome.message = slurm.ended_note(job) + outcome.message
         end = counters() if counters else None
         extra = launcher_keys(sup, limits)
         say(f"{len(plan.procs)} processes started in {outcome.started_s:.2f}s, "

@@ -128,6 +128,29 @@ def cancel_steps(job: str, prefix: str, sig: str = "KILL") -> List[str]:
     return steps
 
 
+def job_state(job: str) -> Optional[str]:
+    """The job's JobState (RUNNING, CANCELLED, TIMEOUT, ...), None where Slurm does not say."""
+    try:
+        r = subprocess.run(["scontrol", "show", "job", "--oneliner", job], stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    fields = dict(f.split("=", 1) for f in r.stdout.split() if "=" in f)
+    return fields.get("JobState")
+
+
+def ended_note(job: str) -> str:
+    """`Slurm job <id> is CANCELLED (...)`: why the processes died, where the job is no longer
+    running (scancel, its time limit); "" while it runs."""
+    state = job_state(job)
+    if state in (None, "RUNNING"):
+        return ""
+    why = {"CANCELLED": "scancel ended it", "TIMEOUT": "its time limit ended it",
+           "PREEMPTED": "it was preempted", "NODE_FAIL": "a node failed"}.get(
+        state, "it no longer runs: scancel, its time limit or Slurm ended it")
+    return f"Slurm job {job} is {state} ({why}); "
+
+
 def job_id(environ: Optional[Dict[str, str]] = None) -> str:
     environ = os.environ if environ is None else environ
     job = environ.get("SLURM_JOB_ID")
