@@ -106,9 +106,9 @@ def test_allocation_nodes_and_srun_commands(tmp_path, monkeypatch):
     assert rank3.argv[0] == PY  # the launcher's interpreter on every node
     argv = slurm.srun_argv(rank3, "n2", env={"GLOO_SOCKET_IFNAME": "eth0"}, pid=42)
     assert argv[:9] == ["srun", "--nodes=1", "--ntasks=1", "--nodelist=n2", "--overlap",
-                        "--job-name=degnn-42-rank3", "--export=ALL,GLOO_SOCKET_IFNAME=eth0",
-                        "--quiet", "--unbuffered"]
-    assert argv[9:] == rank3.argv
+                        "--job-name=degnn-42-rank3", "--export=ALL", "--quiet", "--unbuffered"]
+    assert argv[9:] == ["env", "GLOO_SOCKET_IFNAME=eth0", *rank3.argv]
+    assert slurm.srun_argv(plan.servers()[1], "n2", pid=42)[9:] == plan.servers()[1].argv
     # a dry run plans the partitions a real run builds
     msg = one_line_error(lambda: make_plan(cfg_of("cluster=slurm", "cluster.dry_run=true",
                                                   "partition.num_parts=3"),

@@ -4,18 +4,18 @@ Run the launcher inside an allocation (`sbatch -N 2 job.sh`, or under `salloc -N
 machines are SLURM_JOB_NODELIST's nodes in its order, at the NodeAddr Slurm reaches them by
 (degnn/runtime/cluster.py, `slurm_nodes`), one partition per node. Every server and trainer is
 one job step of its own, `srun --nodes=1 --ntasks=1 --nodelist=<node> --overlap ... <cmd>`
-(`--overlap`: the steps of one node share its CPUs and memory, as the processes of a DGL machine
-do), named `degnn-<launcher pid>-<process>` (`squeue --steps` lists them). srun passes the
+(`--overlap`: the steps of one node share its resources, as the processes of a DGL machine do),
+named `degnn-<launcher pid>-<process>` (`squeue --steps` lists them). srun passes the
 launcher's environment on (the process's own variables included) and starts the process in the
 launcher's working directory: the run directory, partitions and dataset must be on a file system
 every node sees at the same path, as with cluster=ssh.
 
-Stopping goes through Slurm: the launcher's SIGTERM to an srun is passed on to its process by
-srun; what is still running when the grace period is over is cancelled with `scancel
---signal=KILL` of this run's steps, which slurmd carries out on every node. `scancel` of the job
-(or its time limit) signals every step, the launcher's own included, so nothing of a run outlives
-its job; a launcher that dies in a batch script ends the job, and Slurm ends its steps. Sweeps
-(`-m`) run one cluster after another inside the one allocation.
+Stopping goes through Slurm: srun answers the launcher's SIGTERM by having slurmd kill its step's
+process on the node (SIGKILL); steps of this launcher still known to Slurm once the grace period
+is over are cancelled with `scancel --signal=KILL`. `scancel` of the job (or its time limit)
+signals every step, the launcher's own included; a launcher that dies takes its srun processes
+with it, and Slurm ends the steps of an srun that is gone (in a batch script the job ends too).
+Sweeps (`-m`) run one cluster after another inside the one allocation.
 
 Before anything starts, one step per node runs cluster=ssh's host check (ssh.CHECK): the
 interpreter imports degnn, dgl and hydra there, reads the partition and ip_config files, and
@@ -39,17 +39,23 @@ def step_prefix(pid: Optional[int] = None) -> str:
     return f"degnn-{os.getpid() if pid is None else pid}-"
 
 
-def srun_base(node: str, name: str, env: Optional[Dict[str, str]] = None) -> List[str]:
-    """srun of one task on `node` as a step of the allocation, named `name`. `env`: variables
-    added to the inherited environment (srun's --export=ALL,K=V; values must not hold a comma)."""
-    export = ",".join(["ALL", *(f"{k}={v}" for k, v in (env or {}).items())])
+def srun_base(node: str, name: str) -> List[str]:
+    """srun of one task on `node` as a step of the allocation, named `name`; the task gets the
+    environment srun was started with."""
     return ["srun", "--nodes=1", "--ntasks=1", f"--nodelist={node}", "--overlap",
-            f"--job-name={name}", f"--export={export}", "--quiet", "--unbuffered"]
+            f"--job-name={name}", "--export=ALL", "--quiet", "--unbuffered"]
+
+
+def with_env(argv: Sequence[str], env: Optional[Dict[str, str]]) -> List[str]:
+    """`env K=V ... argv` where there is something to add (srun's own --export=ALL,K=V cannot
+    carry a value with a comma)."""
+    return ["env", *(f"{k}={v}" for k, v in env.items()), *argv] if env else list(argv)
 
 
 def srun_argv(proc: Proc, node: str, *, env: Optional[Dict[str, str]] = None,
               pid: Optional[int] = None) -> List[str]:
-    return [*srun_base(node, step_prefix(pid) + proc.name, env), *proc.argv]
+    """`env`: variables added to the launcher's environment on the node."""
+    return [*srun_base(node, step_prefix(pid) + proc.name), *with_env(proc.argv, env)]
 
 
 def check_nodes(nodes: Sequence[str], python: str, files: Sequence[str], *, probe: str,
@@ -61,8 +67,8 @@ def check_nodes(nodes: Sequence[str], python: str, files: Sequence[str], *, prob
     `probe` ("" where none is found)."""
     running = {}
     for node in dict.fromkeys(nodes):
-        argv = [*srun_base(node, f"{step_prefix()}check", env), python, "-c", CHECK, probe,
-                ifname or "", *files]
+        argv = [*srun_base(node, f"{step_prefix()}check"),
+                *with_env([python, "-c", CHECK, probe, ifname or "", *files], env)]
         running[node] = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, text=True)
     found: Dict[str, str] = {}

@@ -1,5 +1,7 @@
 """The machines of a cluster config (`cluster=`), read alike by the launcher and by a pipeline's
-launch-time checks: one (ip, first server port) per machine, one partition per machine.
+launch-time checks: one (ip, first server port) per machine, one partition per machine
+(cluster=ssh: the ip_config file's lines; cluster=slurm: the nodes of the allocation, from
+scontrol).
 
 `LaunchError` is the one-line error of a launch that cannot start; the launcher (degnn/launch)
 raises and reports it, and a pipeline's checks may raise it too, so it lives here, below both.
