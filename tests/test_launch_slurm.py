@@ -98,8 +98,10 @@ def test_allocation_nodes_and_srun_commands(tmp_path, monkeypatch):
     msg = one_line_error(lambda: count_ip_config(cfg.cluster, ["cluster.machines=3"], 2))
     assert msg.startswith("cluster.machines=3 but the Slurm allocation has 2 nodes")
 
-    plan = make_plan(cfg, str(tmp_path / "run"), fake_entry.make_partition(
-        str(tmp_path / "parts"), 2), ["cluster=slurm"])
+    # a dry run plans the partitions a real run builds (none needed here)
+    plan = make_plan(cfg_of("cluster=slurm", "cluster.trainers_per_machine=2", "cluster.dry_run=true",
+                            "partition.num_parts=2"),
+                     str(tmp_path / "run"), str(tmp_path / "no.json"), ["cluster=slurm"])
     assert [p.machine for p in plan.procs] == [0, 1, 0, 0, 1, 1]
     rank3 = plan.trainers()[3]
     assert rank3.env["MASTER_ADDR"] == "10.0.0.1" and rank3.env["MASTER_PORT"] == "30049"
@@ -109,7 +111,6 @@ def test_allocation_nodes_and_srun_commands(tmp_path, monkeypatch):
                         "--job-name=degnn-42-rank3", "--export=ALL", "--quiet", "--unbuffered"]
     assert argv[9:] == ["env", "GLOO_SOCKET_IFNAME=eth0", *rank3.argv]
     assert slurm.srun_argv(plan.servers()[1], "n2", pid=42)[9:] == plan.servers()[1].argv
-    # a dry run plans the partitions a real run builds
     msg = one_line_error(lambda: make_plan(cfg_of("cluster=slurm", "cluster.dry_run=true",
                                                   "partition.num_parts=3"),
                                            str(tmp_path / "run"), str(tmp_path / "no.json"), []))
@@ -325,31 +326,23 @@ def test_scancel_stops_every_process_on_every_node(slurm, tmp_path, how):
 
 
 @needs_slurm
-def test_sweep_runs_one_after_another_inside_one_allocation(slurm, tmp_path):
+def test_a_sweep_inside_one_allocation_and_a_dead_process(slurm, tmp_path):
+    """A sweep of two runs, one after the other in one allocation. In the second a trainer on m1
+    fails: the usual fault line, and every other process is stopped, also those that ignore
+    SIGTERM (srun answers the launcher's SIGTERM by killing its step)."""
     sweep = tmp_path / "sweep"
-    _, rc = fake_job(slurm, tmp_path, "-m", f"hydra.sweep.dir={sweep}", "train.seed=0,1", wait=True)
-    out = (tmp_path / "job.out").read_text()
-    assert rc == 0, out[-3000:]
-    for k in range(2):
-        s = json.loads((sweep / str(k) / "summary.json").read_text())
-        assert s["status"] == "ok" and s["machines"] == 2, s
-    assert out.count("result: pipeline=fake") == 2, out[-3000:]
-    assert not fake_entry.processes_mentioning(str(sweep))
-
-
-@needs_slurm
-def test_a_dead_process_ends_the_run_on_every_node(slurm, tmp_path):
-    """A trainer on m1 fails: the usual fault line, and every other process is stopped, also
-    those that ignore SIGTERM (srun answers the launcher's SIGTERM by killing its step)."""
-    run = tmp_path / "run"
-    _, rc = fake_job(slurm, tmp_path, f"hydra.run.dir={run}", "cluster.stop_grace_s=1",
-                     env={"DEGNN_FAKE_FAIL_RANK": "3", "DEGNN_FAKE_IGNORE_TERM": "1"}, wait=True)
+    _, rc = fake_job(slurm, tmp_path, "-m", f"hydra.sweep.dir={sweep}", "train.seed=0,1",
+                     "cluster.stop_grace_s=1", wait=True,
+                     env={"DEGNN_FAKE_FAIL_RANK": "3", "DEGNN_FAKE_FAIL_IN": f"{sweep}/1",
+                          "DEGNN_FAKE_IGNORE_TERM": "1"})
     out = (tmp_path / "job.out").read_text()
     assert rc == 1, out[-3000:]
+    s = json.loads((sweep / "0" / "summary.json").read_text())
+    assert s["status"] == "ok" and s["machines"] == 2, s
+    assert out.count("result: pipeline=fake") == 1, out[-3000:]
     last = out.strip().splitlines()[-1]
     assert last.startswith("degnn.launch: run failed: trainer rank 3 (machine 1)"), out[-3000:]
     assert "exited with code 1" in last
-    s = json.loads((run / "summary.json").read_text())
+    s = json.loads((sweep / "1" / "summary.json").read_text())
     assert s["status"] == "failed" and s["failed_process"]["machine"] == 1, s
-    assert not fake_entry.processes_mentioning(str(run))
-
+    assert not fake_entry.processes_mentioning(str(sweep))
