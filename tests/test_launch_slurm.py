@@ -288,7 +288,7 @@ def test_scancel_stops_every_process_on_every_node(slurm, tmp_path, how):
     if how == "scancel":
         job, _ = sbatch(slurm, f"exec {launch}", tmp_path / "job.out", wait=False, env=env)
     else:
-        shell = subprocess.Popen([SLURM["salloc"], "--nodes=2", "sh", "-c", f"{launch}; sleep 60"],
+        shell = subprocess.Popen([SLURM["salloc"], "--nodes=2", "sh", "-c", f"{launch}; exec sleep 60"],
                                  cwd=REPO, env={**slurm["env"], **env},
                                  stdout=open(tmp_path / "job.out", "w"), stderr=subprocess.STDOUT)
     try:
@@ -320,8 +320,11 @@ def test_scancel_stops_every_process_on_every_node(slurm, tmp_path, how):
             assert last.startswith(f"degnn.launch: run failed: Slurm job {job} is "), last
             assert "interrupted by SIGTERM; stopping every process" in last, last
     finally:
-        if how != "scancel":
-            shell.kill()  # salloc gives the allocation back
+        if how != "scancel":  # salloc's shell (by now `sleep`), then salloc: the allocation ends
+            children = Path(f"/proc/{shell.pid}/task/{shell.pid}/children")
+            for pid in (children.read_text().split() if children.exists() else []):
+                os.kill(int(pid), 9)
+            shell.kill()
             shell.wait()
 
 
