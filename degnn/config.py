@@ -116,7 +116,7 @@ class PartitionConfig:
 
 @dataclass
 class ClusterConfig:
-    # local | netns | ssh
+    # local | netns | ssh | slurm
     kind: str = MISSING
     machines: int = 1
     trainers_per_machine: int = 1
@@ -146,10 +146,10 @@ class ClusterConfig:
     # local: a private machine (own network, /dev/shm and IPC namespaces; needs root, unshare,
     # nsenter, ip); null = whenever possible, else refuse to share /dev/shm with another run
     isolate: Optional[bool] = None
-    # ssh: the interpreter to run on every host (default: the launcher's own, sys.executable)
+    # ssh, slurm: the interpreter to run on every host (default: the launcher's own, sys.executable)
     python: Optional[str] = None
-    # ssh: the network interface gloo binds on every host (GLOO_SOCKET_IFNAME of every trainer);
-    # null = per host, the interface that routes to the first ip_config address
+    # ssh, slurm: the network interface gloo binds on every host (GLOO_SOCKET_IFNAME of every
+    # trainer); null = per host, the interface that routes to the first machine
     ifname: Optional[str] = None
     dry_run: bool = False
     # the module every process runs (`python -m <entry> <overrides>`); degnn.bench.plain_dgl is

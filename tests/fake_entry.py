@@ -12,7 +12,8 @@ shuts the servers down). Trainers check what the launcher promises and record it
   - FAKE_DGL=1: instead of all of the above, a real DGL DistGraph on DGL_CONF_PATH (the trainer
     attaches to its server's shared-memory partition) and a feature pull.
 Every FAKE_X may also be given as DEGNN_FAKE_X (the launcher exports DEGNN_* over ssh).
-Faults: FAKE_FAIL_RANK=r / FAKE_FAIL_SERVER=s exit 1 after FAKE_FAIL_AFTER seconds (default 2),
+Faults: FAKE_FAIL_RANK=r / FAKE_FAIL_SERVER=s exit 1 after FAKE_FAIL_AFTER seconds (default 2)
+(FAKE_FAIL_IN=<text>: only in a run whose directory names <text>),
 while everyone else then hangs (like trainers blocked in RPC) until stopped. The failing trainer
 first: FAKE_FAIL_TRACEBACK=1 prints a Python traceback and then LIBXSMM's exit banner;
 FAKE_FILL_DISK=1 fills the run directory's file system; FAKE_EAT_MB=n allocates n MB (for the
@@ -33,9 +34,17 @@ class _Knobs(dict):
     """os.environ where FAKE_X may also be given as DEGNN_FAKE_X (forwarded over ssh)."""
 
     def get(self, key, default=None):
+        if key in ("FAKE_FAIL_RANK", "FAKE_FAIL_SERVER") and not self._fails_here():
+            return default
         if key.startswith("FAKE_") and key not in os.environ:
             return os.environ.get("DEGNN_" + key, default)
         return os.environ.get(key, default)
+
+    def _fails_here(self) -> bool:
+        """FAKE_FAIL_IN=<text>: the faults are only those of a run whose directory names <text>
+        (one job of a sweep)."""
+        only = os.environ.get("FAKE_FAIL_IN", os.environ.get("DEGNN_FAKE_FAIL_IN"))
+        return not only or only in arg("hydra.run.dir")
 
 
 E = _Knobs(os.environ)

@@ -81,7 +81,7 @@ def main(cfg: DictConfig) -> None:
         # cheap checks first: no partitioning for a run that cannot start
         check_config(cfg)
         machines = machines_of(cfg.cluster)
-        if cfg.cluster.kind == "ssh":
+        if cfg.cluster.kind in ("ssh", "slurm"):
             task += count_ip_config(cfg.cluster, task, len(machines))
         pipeline_cls = typed_config(cfg)  # its class, and its keys typed by the class's schema
         check_task(pipeline_cls, cfg, config_dirs(hc))

@@ -28,7 +28,7 @@ from .isolate import PrivateMachine, SharedShmLock, can_isolate
 from .preflight import check_config
 from .faults import disk_note
 from .supervisor import Signals, Supervisor
-from . import ssh
+from . import slurm, ssh
 
 
 # where say() also writes once a run directory exists (<run dir>/launch.log: the fault message
@@ -81,21 +81,23 @@ def make_plan(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str]
     unbuilt = cl.dry_run and not Path(part_config).exists()
     num_parts = int(cfg.partition.num_parts) if unbuilt else read_part_config(part_config)
     if num_parts != len(machines):
-        src = cl.ip_config if cl.kind == "ssh" else f"cluster.machines={cl.machines}"
+        src = {"ssh": cl.ip_config, "slurm": "the Slurm allocation's nodes"}.get(
+            cl.kind, f"cluster.machines={cl.machines}")
         raise LaunchError(f"{len(machines)} machines ({src}) but {num_parts} partitions in "
                           f"{part_config}: one partition per machine")
     run_dir = os.path.abspath(run_dir)
     overrides = absolute_overrides(task_overrides, run_dir, cfg.dataset.root, cfg.partition.root)
     # ssh: the launcher's own interpreter (the same paths on every host are assumed anyway:
     # `python3` on a remote PATH is rarely the venv that has degnn); cluster.python overrides
-    python = (cl.get("python") or sys.executable) if cl.kind == "ssh" else None
+    remote = cl.kind in ("ssh", "slurm")
+    python = (cl.get("python") or sys.executable) if remote else None
     if master_port is None:
-        master_port = cl.port - 1 if cl.kind == "ssh" else free_port()
+        master_port = cl.port - 1 if remote else free_port()
     if ifname is None and cl.kind == "netns":
         from .netns import IFNAME
         ifname = IFNAME
-    if ifname is None and cl.kind == "ssh":
-        # unset: found per host by the ssh preflight (ssh.check_hosts)
+    if ifname is None and remote:
+        # unset: found per host by the preflight (ssh.check_hosts, slurm.check_nodes)
         ifname = cl.get("ifname") or None
     return build_plan(machines, trainers_per_machine=cl.trainers_per_machine,
                       servers_per_machine=cl.servers_per_machine, part_config=part_config,
@@ -273,7 +275,7 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
     cwd = os.getcwd()
     with ExitStack() as stack:
         command: Callable = lambda p: p.argv
-        on_stop = None
+        on_stop = on_kill = None
         counters = None
         limits = MachineLimits(len(plan.machines), cl.get("memory_per_machine"),
                                cl.get("cpus_per_machine"))
@@ -329,8 +331,27 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
                                                  port=cl.ssh_port, user=cl.ssh_user),
                                    stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
             on_stop = kill_remote
+        elif cl.kind == "slurm":
+            job = slurm.job_id()
+            nodes = [name for name, _ in slurm.slurm_nodes()]
+            master = plan.machines[0][0]
+            ifnames = slurm.check_nodes(nodes, plan.procs[0].argv[0],
+                                        [plan.procs[0].env["DGL_CONF_PATH"], plan.ip_config],
+                                        probe=master, ifname=cl.get("ifname") or None,
+                                        env={"PYTHONPATH": plan.procs[0].env["PYTHONPATH"]})
+            say(f"Slurm job {job}, nodes " + ", ".join(f"{n}={ip}" for n, (ip, _) in
+                                                       zip(nodes, plan.machines))
+                + "; gloo interfaces: " + ", ".join(f"{n}={i or '?'}" for n, i in ifnames.items()))
+
+            def command(p):
+                node = nodes[p.machine]
+                env = {"GLOO_SOCKET_IFNAME": ifnames[node]} if (
+                    p.role == "trainer" and ifnames.get(node) and not cl.get("ifname")) else {}
+                return slurm.srun_argv(p, node, env=env)
+
+            on_kill = lambda: slurm.cancel_steps(job, slurm.step_prefix())
         start = counters() if counters else None
-        sup = Supervisor(plan, command=command, on_stop=on_stop, cwd=cwd,
+        sup = Supervisor(plan, command=command, on_stop=on_stop, on_kill=on_kill, cwd=cwd,
                          stop_grace_s=cl.stop_grace_s, hang_timeout_s=cl.hang_timeout_s,
                          console=getattr(out, "buffer", None), say=say,
                          tolerate_trainer_faults=tolerates_trainer_faults(cfg),
@@ -342,6 +363,8 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
         say(f"{len(plan.procs)} processes ({len(plan.servers())} servers, "
             f"{len(plan.trainers())} trainers); logs in {run_dir}")
         outcome = sup.run()
+        if cl.kind == "slurm" and not outcome.ok:
+            outcome.message = slurm.ended_note(job) + outcome.message
         end = counters() if counters else None
         extra = launcher_keys(sup, limits)
         say(f"{len(plan.procs)} processes started in {outcome.started_s:.2f}s, "

@@ -95,10 +95,11 @@ def check_config(cfg) -> None:
     from .limits import check_limits
 
     check_limits(cl)
-    if cl.get("ifname") and cl.kind != "ssh":
+    if cl.get("ifname") and cl.kind not in ("ssh", "slurm"):
         where = ("every netns machine's interface is eth0" if cl.kind == "netns"
                  else "a local run stays on loopback")
-        raise LaunchError(f"cluster.ifname={cl.ifname} is for cluster=ssh ({where}); remove it "
+        raise LaunchError(f"cluster.ifname={cl.ifname} is for cluster=ssh and cluster=slurm "
+                          f"({where}); remove it "
                           f"for cluster={cl.kind}")
     if cl.kind == "netns":
         check_subnet(str(cl.subnet))

@@ -240,7 +240,8 @@ def _copy(src: IO[bytes], log: IO[bytes], console: IO[bytes], muted: threading.E
 
 class Supervisor:
     def __init__(self, plan: Plan, command: Callable[[Proc], List[str]] = lambda p: p.argv,
-                 on_stop: Optional[Callable[[], None]] = None, cwd: Optional[str] = None,
+                 on_stop: Optional[Callable[[], None]] = None,
+                 on_kill: Optional[Callable[[], None]] = None, cwd: Optional[str] = None,
                  stop_grace_s: float = 5.0, poll_s: float = 0.5, hang_timeout_s: float = 0,
                  server_grace_s: float = 30, console: Optional[IO[bytes]] = None,
                  tee_rank: Optional[int] = 0, say: Callable[[str], None] = None,
@@ -263,6 +264,8 @@ class Supervisor:
         self.command = command
         # extra stopping work (ssh: kill the remote processes, which ssh does not forward to)
         self.on_stop = on_stop
+        # extra killing work once the grace period is over (slurm: scancel of what is left)
+        self.on_kill = on_kill
         self.cwd = cwd or os.getcwd()
         # SIGTERM -> SIGKILL grace when stopping; no progress for hang_timeout_s = hung (0: off)
         self.stop_grace_s = stop_grace_s
@@ -318,6 +321,8 @@ class Supervisor:
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline and any(r.rc is None for r in self.running):
             time.sleep(0.1)
+        if self.on_kill is not None:
+            self.on_kill()
         self._signal_all(signal.SIGKILL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and any(r.rc is None for r in self.running):
