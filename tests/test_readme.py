@@ -50,3 +50,11 @@ def test_the_quick_commands_run_as_written(tmp_path):
         p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, (command, p.stdout[-2000:], p.stderr[-2000:])
         assert p.stdout.strip(), command
+
+
+def test_the_config_reference_is_current():
+    """docs/config.md is what `python -m degnn.reference` writes from the schemas (regenerate it
+    with `python -m degnn.reference > docs/config.md` after changing a key)."""
+    from degnn.reference import reference
+
+    assert (REPO / "docs" / "config.md").read_text() == reference()
