@@ -44,14 +44,11 @@ class LampNet(nn.Module):
         return h, hidden
 
 
-def check_lamp_config(pcfg, model_cfg, cluster_cfg=None) -> None:
+def check_lamp_config(pcfg, model_cfg) -> None:
     check_bits(int(pcfg.bits))
     if pcfg.engine not in ENGINES:
         raise ValueError(f"pipeline.engine={pcfg.engine}: choose server (the owners' preparation runs in DGL's graph "
                          f"servers) or trainer (in each machine's trainer process, over torch.distributed)")
-    if pcfg.engine == "trainer" and cluster_cfg is not None and cluster_cfg.trainers_per_machine != 1:
-        raise ValueError("pipeline.engine=trainer needs cluster.trainers_per_machine=1 (each machine's one trainer "
-                         "answers for its partition); use pipeline.engine=server with several trainers a machine")
     if pcfg.grad not in GRAD_MODES:
         raise ValueError(f"pipeline.grad={pcfg.grad}: this version implements {', '.join(GRAD_MODES)} "
                          f"(stop: owner answers are constants, GAS semantics; push: their gradients go back to the "
@@ -107,12 +104,12 @@ class LAMPPipeline(Pipeline):
 
     @classmethod
     def prepare_launch(cls, cfg, task_overrides) -> List[str]:
-        check_lamp_config(cfg.pipeline, cfg.model, cfg.cluster)
+        check_lamp_config(cfg.pipeline, cfg.model)
         return []
 
     def setup(self) -> None:
         cfg, pcfg = self.cfg, self.cfg.pipeline
-        check_lamp_config(pcfg, cfg.model, cfg.cluster)
+        check_lamp_config(pcfg, cfg.model)
         self.bits, self.L = int(pcfg.bits), int(cfg.model.layers)
         self.fanouts = [int(f) for f in cfg.model.fanouts]
         self.prefetch, self.fused, self.push = int(pcfg.prefetch), bool(pcfg.fusion), pcfg.grad == "push"
