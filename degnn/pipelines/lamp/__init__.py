@@ -9,7 +9,9 @@ computation graph it builds).
 
 One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
 
-1. Seeds from the trainer's own training nodes. The locality-aware computation graph
+1. Seeds from the trainer's own training nodes (link prediction: the endpoints of the batch's
+   supervision edges and of their negatives, all nodes the machine owns, pipeline._link_seeds;
+   the link model's decoder scores the pairs on the top layer). The locality-aware computation graph
    (graph.py) is built on the trainer's own partition: own nodes are expanded through their
    in-edges with the model's fan-outs; a sampled neighbour owned elsewhere (a halo node) is a
    leaf. Leaves of block 0 read raw features (a replica of the halo nodes' features made once

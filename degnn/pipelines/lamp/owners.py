@@ -39,7 +39,7 @@ import pickle
 import queue
 import threading
 import traceback
-from collections import Counter, defaultdict
+from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Tuple
