@@ -3,14 +3,17 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: setup demo test bench bench-quick clean clean-runs cleanup
 
 $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	# torch first and pinned: the CPU wheel on this machine's wheel cache (a bare `torch` pulls CUDA)
-	$(VPY) -m pip install -q torch==2.13.0
+	# torch first and pinned, the CPU build: from the local wheel cache where there is one, else
+	# from PyTorch's CPU index (a bare `torch` from PyPI pulls a multi-GB CUDA build)
+	$(VPY) -m pip install -q --no-index torch==2.13.0 2>/dev/null || \
+	  $(VPY) -m pip install -q torch==2.13.0 --index-url $(TORCH_INDEX)
 	$(VPY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 

@@ -108,6 +108,10 @@ class PartitionConfig:
     balance_edges: bool = True
     # partitions are cached here, keyed by dataset, method, K and seed
     root: str = "${oc.env:DEGNN_PARTITIONS,partitions}"
+    # a partition made elsewhere (its DGL partition config JSON: DGL's partition_graph or its
+    # distributed partitioning pipeline): trained as it is, never rebuilt; `dataset=` still names
+    # the task and its evaluation
+    path: Optional[str] = None
 
 
 @dataclass
@@ -128,6 +132,10 @@ class ClusterConfig:
     workspace: Optional[str] = None
     ssh_port: int = 22
     ssh_user: Optional[str] = None
+    # netns: every machine's memory (e.g. "4G", "512M") and CPUs (e.g. 0.5) for its servers and
+    # trainers together, through cgroups (docs/design.md, "Machine limits"); null = the host's
+    memory_per_machine: Optional[str] = None
+    cpus_per_machine: Optional[float] = None
     # seconds between SIGTERM and SIGKILL when the cluster is stopped (fault, Ctrl-C, the end)
     stop_grace_s: float = 5.0
     # a trainer or server without progress (its heartbeat) for this long is named and the run

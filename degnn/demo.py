@@ -1,4 +1,5 @@
-"""`make demo`: distdgl, lamp and tma trained one after another on the embedded dataset, then one table.
+"""`make demo` (`degnn-demo`, `python -m degnn.demo`): distdgl, lamp and tma trained one after another
+on the embedded dataset, then one table.
 
 Builds the synthetic-tiny dataset (offline, OGB layout, read back by ogb's loader), partitions
 it (METIS for distdgl and lamp, random for RandomTMA; 2 parts) and starts two machines as network
@@ -146,8 +147,19 @@ def read_summary(run_dir: Path) -> dict:
         return {}
 
 
+USAGE = """usage: degnn-demo [KEY=VALUE ...]   (python -m degnn.demo, make demo ARGS="...")
+
+Trains distdgl, lamp and RandomTMA one after another on synthetic-tiny, on 2 machines (network
+namespaces on this host; one machine without root), and prints one table. Every KEY=VALUE reaches
+every run (a pipeline.KEY=VALUE only the runs whose pipeline has that key), e.g. train.epochs=5.
+Runs are written under ./runs/demo/<time>/."""
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(USAGE)
+        return 0
     if netns_permitted():
         cluster = ["cluster=netns", "cluster.machines=2"]
         where = "2 machines (network namespaces on this host)"

@@ -12,6 +12,7 @@ picks one run directory and passes it as `hydra.run.dir`.
 """
 from __future__ import annotations
 
+import atexit
 import datetime
 import hashlib
 import logging
@@ -26,7 +27,7 @@ from degnn.config import CONF_DIR, register_configs
 from degnn.runtime.checkpoint import CheckpointError
 from degnn.runtime.compat import strip_local_rank
 from degnn.runtime.console import TqdmLogHandler
-from degnn.runtime.heartbeat import Heartbeat, heartbeat_path
+from degnn.runtime.heartbeat import Heartbeat, heartbeat_path, write_peak
 from degnn.runtime.store import ProcessGroupError
 
 log = logging.getLogger("degnn")
@@ -34,6 +35,10 @@ log = logging.getLogger("degnn")
 
 class EntryError(RuntimeError):
     """A problem with how the process was started; the message says how to fix it."""
+
+
+class PartitionDataError(RuntimeError):
+    """The partition lacks node data the task reads (found once DGL is initialised)."""
 
 
 def compose_config(overrides: List[str]):
@@ -102,6 +107,8 @@ def run_server(cfg, run_dir: Path) -> None:
     setup_logging(run_dir, f"server{os.environ['DGL_SERVER_ID']}", to_console=False)
     # liveness only: the server loop runs inside DGL's C++ code
     Heartbeat(heartbeat_path(run_dir, f"server{os.environ['DGL_SERVER_ID']}")).start()
+    # DGL's server leaves through sys.exit once rank 0 shuts it down
+    atexit.register(write_peak, run_dir, f"server{os.environ['DGL_SERVER_ID']}")
     from degnn.runtime import services
 
     services.register(cfg.pipeline.services)
@@ -109,12 +116,23 @@ def run_server(cfg, run_dir: Path) -> None:
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])  # never returns in a server
 
 
+def check_partition_data(task, graph, part_config) -> None:
+    """PartitionDataError naming the node data the task reads that the partition lacks (a
+    partition made elsewhere, partition.path)."""
+    have = set(graph.ndata.keys())
+    missing = [k for k in task.partition_fields() if k not in have]
+    if missing:
+        raise PartitionDataError(f"the partition {part_config} has no node data {', '.join(missing)} (it has "
+                                 f"{', '.join(sorted(have)) or 'none'}); partition a graph whose ndata "
+                                 f"holds {', '.join(task.partition_fields())}")
+
+
 def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     import dgl
     import torch
     import torch.distributed as dist
 
-    from degnn.metrics import result_line
+    from degnn.metrics import WireCounter, result_line
     from degnn.pipelines import pipeline_class
     from degnn.runtime.device import device_of
     from degnn.tasks import task_of
@@ -129,6 +147,7 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     setup_logging(run_dir, f"rank{rank}", to_console=rank == 0)
     # liveness until the epoch loop starts, then progress (Pipeline.run switches it)
     heartbeat = Heartbeat(heartbeat_path(run_dir, f"rank{rank}")).start()
+    atexit.register(write_peak, run_dir, f"rank{rank}")
     part_config = Path(os.environ["DGL_CONF_PATH"])
     meta = read_partition_json(part_config)
     machines = meta["num_parts"]
@@ -140,18 +159,21 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     gloo = not pipeline_cls.tolerates_trainer_faults
     services.register(cfg.pipeline.services)
     t0 = time.time()
+    wire0 = WireCounter.from_env().read() if local_rank == 0 else None
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])
     if gloo:
         # rank 0's store listens on MASTER_ADDR only, not on every interface
         init_process_group(rank, world, timeout=datetime.timedelta(minutes=30))
     torch.manual_seed(cfg.train.seed + rank)
     graph = dgl.distributed.DistGraph(meta["graph_name"], part_config=str(part_config))
+    check_partition_data(task, graph, part_config)
     log.info("rank %d/%d (local %d) up in %.1fs; graph %s: %d nodes, %d edges, %d machines",
              rank, world, local_rank, time.time() - t0, meta["graph_name"], graph.num_nodes(),
              graph.num_edges(), machines)
     ctx = RunContext(cfg=cfg, run_dir=run_dir, rank=rank, world_size=world, local_rank=local_rank,
                      machines=machines, part_config=part_config, graph=graph, log=log,
-                     heartbeat=heartbeat, device=device)
+                     heartbeat=heartbeat, device=device, started=t0,
+                     started_wire=wire0)
     pipeline = pipeline_cls(ctx, task)
     driver = pipeline_cls.driver()(pipeline)
     summary = driver.run()
@@ -165,6 +187,7 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
         # servers. (Started by DGL's launch.py with every trainer alive, the normal exit below
         # lets DGL shut its servers down, as launch.py expects.)
         log.info("trainer done; leaving without DGL's client barrier")
+        write_peak(run_dir, f"rank{rank}")  # os._exit runs no atexit handler
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -189,7 +212,7 @@ def main(argv: List[str] | None = None) -> int:
     except EntryError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (CheckpointError, ProcessGroupError) as e:
+    except (CheckpointError, ProcessGroupError, PartitionDataError) as e:
         # after DGL's initialisation: leave without its exit barrier (see below), one line
         print(f"error: {e}", file=sys.stderr, flush=True)
         os._exit(2)

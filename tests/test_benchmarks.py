@@ -137,6 +137,68 @@ def test_quick_report_has_lamp_beside_distdgl_and_the_killed_tma_runs_beside_dis
     assert (tmp_path / "lamp_bytes_vs_layers.png").stat().st_size > 1000
 
 
+def figures_of(tmp_path, monkeypatch):
+    """write_report's figures as saved (their artists outlive the closing): {file name: figure}."""
+    from degnn.bench import report
+
+    kept = {}
+    real = report._save
+
+    def keep(fig, path):
+        kept[Path(path).name] = fig
+        return real(fig, path)
+
+    monkeypatch.setattr(report, "_save", keep)
+    write_report(tmp_path)
+    return kept
+
+
+def test_plots_one_colour_per_method_whole_layers_a_title_and_readable_names(tmp_path, monkeypatch):
+    common = {"dataset": "synthetic-small", "machines": 2, "epochs": 3, "best_val": 0.6, "test": 0.6,
+              "bandwidth": "1gbit", "allreduce_bytes_per_batch": 100.0, "app_bytes_per_batch": 90.0}
+    phases = {"sampling": 0.01, "owner_wait": 0.02, "compute": 0.03}
+    for layers in (2, 3):
+        fake_run(tmp_path, f"bytes-L{layers}-distdgl/0", pipeline="distdgl", layers=layers,
+                 net_bytes_per_batch=1000.0 * layers, time_per_batch_s=phases, **common)
+        fake_run(tmp_path, f"bytes-L{layers}-lamp/0", pipeline="lamp", layers=layers, bits=8, prefetch=1,
+                 fusion=True, engine="trainer", net_bytes_per_batch=300.0, time_per_batch_s=phases, **common)
+    fake_run(tmp_path, "ablation-fusion-lamp/0", pipeline="lamp", layers=3, bits=8, prefetch=1, fusion=False,
+             engine="trainer", net_bytes_per_batch=300.0, time_per_batch_s=phases, **common)
+    figs = figures_of(tmp_path, monkeypatch)
+    assert {"curves.png", "bytes_per_batch.png", "lamp_bytes_vs_layers.png", "time_breakdown.png"} <= set(figs)
+    colours = {}  # method -> every colour it is drawn in, over every figure
+    for name, fig in figs.items():
+        for ax in fig.axes:
+            assert "synthetic-small" in ax.get_title() and "2 machines" in ax.get_title() \
+                and "1gbit" in ax.get_title(), (name, ax.get_title())
+            for line in ax.get_lines():
+                who = "lamp" if "lamp" in line.get_label() else "distdgl"
+                colours.setdefault(who, set()).add(line.get_color())
+            for tick in (ax.get_yticklabels() if name in ("bytes_per_batch.png", "time_breakdown.png") else []):
+                colours.setdefault("lamp" if "lamp" in tick.get_text() else "distdgl", set()).add(tick.get_color())
+    assert len(colours["lamp"]) == 1 and len(colours["distdgl"]) == 1 and colours["lamp"] != colours["distdgl"]
+    layers_ax = figs["lamp_bytes_vs_layers.png"].axes[0]
+    assert [t.get_text() for t in layers_ax.get_xticklabels()] == ["2", "3"]  # whole layers only
+    breakdown = figs["time_breakdown.png"].axes[0]
+    names = [t.get_text() for t in breakdown.get_yticklabels()]
+    assert names == ["2 layers: distdgl", "2 layers: lamp", "3 layers: distdgl", "3 layers: lamp, no fusion",
+                     "3 layers: lamp"]
+    assert all(t.get_rotation() == 0 for t in breakdown.get_yticklabels())
+    assert "lamp unless named: 8-bit, prefetch 1, fusion, owners on the trainers" in breakdown.get_title()
+
+
+def test_report_without_matplotlib_has_its_tables_and_says_how_to_get_the_plots(tmp_path, monkeypatch):
+    from degnn.bench import report
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails as if not installed
+    monkeypatch.setattr(report, "_PYPLOT", [])
+    fake_run(tmp_path, "dist/0", pipeline="distdgl", layers=2, test=0.52, best_val=0.53, dataset="wordnet",
+             net_bytes_per_batch=1000.0, time_per_batch_s={"compute": 0.25})
+    text = write_report(tmp_path).read_text()
+    assert "pip install 'degnn[bench]'" in text and "| distdgl | wordnet | sage | 2 |" in text
+    assert not list(tmp_path.glob("*.png")) and (tmp_path / "runs.csv").is_file()
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("ip"), reason="cluster=netns needs root and iproute2")
 def test_plain_dgl_trainer_runs_on_the_same_cluster_and_moves_the_same_bytes(tmp_path):
     """bench=parity's reference trainer starts through the launcher (cluster.entry) and does the

@@ -475,6 +475,54 @@ def test_pipelined_trains_the_same_batches_in_order_with_k_ahead():
             assert at[("complete", i)] < at[("train", i)]
 
 
+class _Pulls:
+    """A DistTensor stand-in that records how many rows each read asked for."""
+
+    def __init__(self, t):
+        self.t, self.reads = t, []
+        self.shape = t.shape
+
+    def __getitem__(self, ids):
+        self.reads.append(len(ids))
+        return self.t[ids]
+
+
+def test_setup_streams_the_halo_copy_and_history_fill_in_pieces():
+    """LAMP's set-up reads halo features and history rows in pieces of pipeline.setup_chunk_mb:
+    the same result as one whole read, no read larger than a piece."""
+    from types import SimpleNamespace
+
+    from degnn.pipelines.lamp.compute import HistoryRows
+    from degnn.pipelines.lamp.pipeline import LAMPPipeline
+
+    torch.manual_seed(0)
+    n, dim = 1000, 16
+    nid = torch.randperm(5000)[:n]
+    inner = torch.rand(n) < 0.4
+    halo = torch.nonzero(~inner).flatten()
+    feat, hidden = _Pulls(torch.randn(5000, dim)), _Pulls(torch.randn(5000, 8))
+    stored = []
+    fake = SimpleNamespace(lg=SimpleNamespace(num_nodes=n, nid=nid, inner=inner), in_dim=dim,
+                           halo=SimpleNamespace(local=halo, gid=nid[halo]), chunk_bytes=64 * dim * 4,
+                           L=3, leader=True, bits=8, setup_bytes=0,
+                           evaluator=SimpleNamespace(inference=lambda: [hidden, None]),
+                           owners=SimpleNamespace(init_history=stored.extend))
+    x = LAMPPipeline._copy_halo(fake, feat)
+    want = torch.zeros(n, dim)
+    want[halo] = feat.t[nid[halo]]
+    assert torch.equal(x, want) and max(feat.reads) == 64 and sum(feat.reads) == len(halo)
+    LAMPPipeline._init_histories(fake)
+    assert len(stored) == -(-n // (64 * dim // 8)) and max(hidden.reads) == 128  # 8-dim rows: twice the rows
+    ids = torch.cat([r.ids for r in stored])
+    assert torch.equal(ids, torch.arange(n)) and {r.layer for r in stored} == {1}
+    # the rows of every node in order (per-row quantization: the same scales; codes within the
+    # stochastic rounding's one step)
+    whole = HistoryRows.of(1, torch.arange(n), hidden.t[nid], 0, 8)
+    assert torch.equal(torch.cat([r.scale for r in stored]), whole.scale)
+    assert (torch.cat([r.codes for r in stored]).int() - whole.codes.int()).abs().max() <= 1
+    assert fake.setup_bytes == len(halo) * (8 + 8 * 4)
+
+
 def test_answers_of_several_request_sets_in_flight_reach_their_own_receive(monkeypatch):
     """service.receive keeps answers that belong to another pending map (prefetched batches,
     background history traffic) for that map's turn, whatever order they arrive in."""
@@ -606,7 +654,8 @@ def test_two_machine_lamp_run_trains_and_counts_its_bytes(roots, tmp_path):
     """engine=server: the owners' preparation in the graph servers, over DGL RPC; the trainers'
     top blocks are fed the servers' answers."""
     p = launch(tmp_path, "pipeline=lamp", "pipeline.engine=server", "cluster.entry=tests.lamp_answers_probe", "model.layers=3", "model.fanouts=[10,10,5]",
-               "train.batch_size=100", "train.epochs=2", "pipeline.halo_sync_steps=3", "pipeline.prefetch=2", *roots)
+               "train.batch_size=100", "train.epochs=2", "pipeline.halo_sync_steps=3", "pipeline.prefetch=2",
+               "pipeline.setup_chunk_mb=0.05", *roots)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["pipeline"] == "lamp" and s["status"] == "ok" and s["bits"] == 8 and s["layers"] == 3, s

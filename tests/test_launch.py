@@ -252,6 +252,15 @@ def test_ssh_ip_config_and_commands(parts, tmp_path):
     assert "cluster.ip_config" in msg
 
 
+def test_parse_size():
+    from degnn.launch.limits import fmt_size, parse_size
+    assert parse_size("4G") == 4 << 30 and parse_size("512M") == 512 << 20
+    assert parse_size("3GiB") == 3 << 30 and parse_size("1.5g") == 3 << 29 and parse_size("1000") == 1000
+    assert fmt_size(3 << 30) == "3 GiB" and fmt_size(160 << 20) == "160 MiB" and fmt_size(1.5 * 2**30) == "1.5 GiB"
+    with pytest.raises(LaunchError):
+        parse_size("4 gigs")
+
+
 def test_parse_rate():
     assert parse_rate("1gbit") == 1e9 / 8
     assert parse_rate("100mbit") == 100e6 / 8
@@ -386,6 +395,10 @@ def test_netns_without_permission_is_one_line(monkeypatch):
     (["cluster.port=70000"], "cluster.port=70000"),
     (["cluster.hang_timeout_s=-1"], "cluster.hang_timeout_s=-1"),
     (["cluster.fault_timeout_s=30"], "cluster.stop_grace_s"),
+    (["cluster=local", "cluster.memory_per_machine=4G"], "cluster.memory_per_machine: only cluster=netns"),
+    (["cluster=netns", "cluster.memory_per_machine=lots"], "cluster.memory_per_machine='lots' is not a size"),
+    (["cluster=netns", "cluster.memory_per_machine=1M"], "cluster.memory_per_machine=1M: must be at least 16 MiB"),
+    (["cluster=netns", "cluster.cpus_per_machine=0"], "cluster.cpus_per_machine=0.0: must be a number of CPUs"),
 ])
 def test_bad_numbers_are_one_line_naming_the_key(parts, tmp_path, overrides, expect):
     from degnn.launch.preflight import check_config

@@ -147,14 +147,17 @@ def test_interrupt_removes_everything(part2, tmp_path, sig):
 
 def test_leftovers_of_a_killed_launcher_are_cleaned(part2, tmp_path):
     run_dir = tmp_path / "run"
-    p = start_launcher(run_dir, part2, "cluster=netns", env={"FAKE_FAIL_RANK": "99"})
+    p = start_launcher(run_dir, part2, "cluster=netns", "cluster.memory_per_machine=1G",
+                       env={"FAKE_FAIL_RANK": "99"})
     deadline = time.monotonic() + budget(30)
     while not (run_dir / "fake_rank1.json").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
-    p.kill()  # no handler runs: the namespaces and links stay
+    p.kill()  # no handler runs: the namespaces, links and the machines' cgroups stay
     p.communicate()
     tag = f"degnn{p.pid}"
     assert [n for n in list_namespaces() if n.startswith(tag)]
+    cgroups = _cgroups_of(p.pid)
+    assert len(cgroups) == 2, cgroups
     # processes and holders die with the launcher (parent-death signal)
     deadline = time.monotonic() + budget(10)
     while time.monotonic() < deadline and (fake_entry.processes_mentioning(str(run_dir))
@@ -166,9 +169,49 @@ def test_leftovers_of_a_killed_launcher_are_cleaned(part2, tmp_path):
     from degnn.launch.cleanup import cleanup_all
     # (a veth goes with its namespace, so only namespaces and the bridge are named for sure)
     left = [n for n in list_namespaces() + list_links() if n.startswith(tag) and n[len(tag)] in "mb"]
+    cgroups = _cgroups_of(p.pid)
     removed = cleanup_all()
     assert all(f"netns/link {n}" in removed for n in left), (left, removed)
+    assert all(f"cgroup {d}" in removed for d in cgroups), (cgroups, removed)
     assert_nothing_left(p.pid, run_dir)
+    assert not _cgroups_of(p.pid)
+
+
+def _cgroups_of(pid=None) -> list:
+    """Machine cgroups (degnn/launch/limits.py) of launcher `pid`, or of any."""
+    from degnn.launch.limits import ROOT, _ours_under
+    return [d for c in ("memory", "cpu") for d in _ours_under(os.path.join(ROOT, c))
+            if pid is None or os.path.basename(d).startswith(f"degnn{pid}m")]
+
+
+def test_a_machine_over_its_memory_is_named(part2, tmp_path):
+    # rank 1 (machine 1) allocates 400 MB on a machine limited to 160 MiB: the kernel kills it,
+    # the launcher names the machine and what each of its processes held, nothing is left
+    run_dir = tmp_path / "run"
+    p = start_launcher(run_dir, part2, "cluster=netns", "cluster.memory_per_machine=160M",
+                       "cluster.cpus_per_machine=1", "cluster.stop_grace_s=2",
+                       env={"FAKE_FAIL_RANK": "1", "FAKE_EAT_MB": "400"})
+    rc, out, err = finish(p, timeout=60)
+    last = err.strip().splitlines()[-1]
+    assert rc != 0 and last.startswith("degnn.launch: run failed: machine 1 ran out of its 160 MiB"), err[-3000:]
+    assert "server 1 held " in last and "trainer rank 1 held " in last and "OOM killer killed trainer rank 1" in last, last
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "failed" and s["error"].startswith("machine 1 ran out of its 160 MiB")
+    assert s["memory_per_machine_mb"] == 160 and s["cpus_per_machine"] == 1
+    assert s["machine_peak_memory_mb"][1] >= 150 and s["peak_rss_mb_per_process"]["trainer1"] > 100, s
+    assert_nothing_left(p.pid, run_dir)
+    assert not _cgroups_of(p.pid)
+
+
+def test_a_machine_gets_its_share_of_cpu():
+    # a busy loop of 2 s on a machine limited to 0.2 CPUs gets about 0.4 s of CPU time (0.45 s
+    # measured), less on a loaded host
+    from degnn.launch.limits import MachineLimits
+    busy = "import resource, time\nt = time.time()\nwhile time.time() - t < 2: pass\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_utime)"
+    with MachineLimits(1, cpus=0.2) as lim:
+        r = subprocess.run([PY, "-c", busy], preexec_fn=lambda: lim.enter(0), capture_output=True, text=True)
+    assert 0.05 < float(r.stdout) < 0.7, r.stdout  # unlimited: up to 2 s on an idle core
+    assert not _cgroups_of(os.getpid())
 
 
 def _holders_of(pid: int) -> list:
@@ -202,11 +245,21 @@ def test_real_distdgl_run(tmp_path):
     t0 = time.monotonic()
     # batches of 128: 30 training batches, so that the trainers' wire windows (one per epoch)
     # line up with the batches they count
-    r = subprocess.run([PY, *REAL, "train.epochs=3", "train.batch_size=128", f"hydra.run.dir={run_dir}"],
+    # machines limited to 2 GiB and one CPU each (measured: about 550 MiB a machine here)
+    r = subprocess.run([PY, *REAL, "train.epochs=3", "train.batch_size=128", f"hydra.run.dir={run_dir}",
+                        "cluster.memory_per_machine=2G", "cluster.cpus_per_machine=1"],
                        cwd=REPO, capture_output=True, text=True, timeout=budget(110))
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["status"] == "ok" and s["machines"] == 2 and s["batches"] > 0
+    # every process's peak RSS, servers included; each machine's peak within its limit; set-up
+    peaks = s["peak_rss_mb_per_process"]
+    assert sorted(peaks) == ["server0", "server1", "trainer0", "trainer1"] and min(peaks.values()) > 50, s
+    assert s["peak_rss_mb_server"] == max(peaks["server0"], peaks["server1"])
+    assert s["memory_per_machine_mb"] == 2048 and s["cpus_per_machine"] == 1
+    assert all(100 < m <= 2048 for m in s["machine_peak_memory_mb"]), s
+    assert s["setup_s"] > 0 and s["setup_net_bytes"] > 0 and s["setup_bytes"] >= 0, s
+    assert 50 < s["setup_peak_rss_mb"] <= s["peak_rss_mb_trainer"], s
     # DDP's mechanism: every trainer stepped on the same averaged gradients, so both end with
     # bit-identical parameters; and it learned (8 classes: chance is 0.125)
     assert s["params_agree"] is True and s["test"] > 0.125 + 0.2, s
@@ -235,6 +288,7 @@ def test_real_distdgl_run(tmp_path):
     assert time.monotonic() - t0 < 110
     assert not fake_entry.processes_mentioning(str(run_dir))
     assert not [n for n in list_namespaces() if _owner_gone(n)]
+    assert not [d for d in _cgroups_of() if _owner_gone(os.path.basename(d))]
 
 
 def _owner_gone(name: str) -> bool:

@@ -23,7 +23,7 @@ LAYERS = [
     {"degnn.pipelines", "degnn.partition"},
     {"degnn.entry"},
     {"degnn.train", "degnn.launch", "degnn.demo"},
-    {"degnn.bench"},
+    {"degnn.bench", "degnn.infer"},
 ]
 LAYER = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 MODULE_STRING = re.compile(r"(?:%s)(?:\.\w+)*(?::\w+)?" % "|".join(ROOTS))

@@ -196,6 +196,8 @@ def test_two_machines_train_links_with_distdgl_then_random_tma(tmp_path):
     assert d["epochs"] == 3 and d["batches"] == 3 * 25 * 2  # epochs of 25 batches per trainer
     # the same held-out edges (and negatives, from the same dataset) for both
     assert d["eval_edges"] == t["eval_edges"] and d["eval_edges"]["valid"] > 0
+    # TMA's trainers ranked every held-out edge between them
+    assert t["eval_counts"] == {"val": d["eval_edges"]["valid"], "test": d["eval_edges"]["test"]}, t
     # the baseline's byte count includes the edge lookups (within 3% of the wire)
     assert abs(d["app_bytes_per_batch"] - d["net_bytes_per_batch"]) < 0.03 * d["net_bytes_per_batch"], d
     # RandomTMA on 2 parts keeps about half of the edges for training

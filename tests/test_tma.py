@@ -166,24 +166,94 @@ def test_a_silent_trainer_is_left_out_after_the_deadline_and_rejoins_if_late():
     assert c.poll_mean(3, 0, 20.0)[0] == "wait"  # rank 0 is expected again
 
 
-def test_a_silent_evaluator_is_replaced_and_release_reaches_everyone():
-    c = _coord()
+def _work(c, r, rank, now):
+    """One eval_poll: (phase, unit) when it hands out work, else the status."""
+    status, _, meta = c.eval_poll(r, rank, now)
+    return (meta["phase"], meta["unit"]) if status == "work" else status
+
+
+def test_the_evaluation_is_split_over_the_live_trainers_and_a_dead_ones_units_are_handed_on():
+    """Two units per partition, one layer and the scoring: each trainer computes its own
+    partition's units; rank 2 goes silent holding one, and after evaluator_timeout (10 s) its units
+    go to the live trainers, so the scores still cover every unit."""
+    c = Coordinator([0, 1, 2], round_timeout_s=5, start_timeout_s=60, evaluator_timeout_s=10,
+                    homes=[0, 0, 1, 1, 2, 2], phases=2)
+    for rank in range(3):
+        c.submit(1, rank, torch.tensor([1.0]), {}, now=0.0)
+    assert _work(c, 1, 0, 0.1) == (0, 0) and _work(c, 1, 1, 0.1) == (0, 2) and _work(c, 1, 2, 0.1) == (0, 4)
+    for rank, unit in ((0, 0), (1, 2)):
+        assert c.eval_done(1, rank, {"phase": 0, "unit": unit}, now=1.0) == "ok"
+    assert _work(c, 1, 0, 1.0) == (0, 1) and _work(c, 1, 1, 1.0) == (0, 3)
+    c.eval_done(1, 0, {"phase": 0, "unit": 1}, now=2.0)
+    c.eval_done(1, 1, {"phase": 0, "unit": 3}, now=2.0)
+    # rank 2's units are its own while it may still be alive: the others wait, the next phase too
+    assert _work(c, 1, 0, 9.0) == "wait" and _work(c, 1, 1, 9.0) == "wait"
+    assert c.beat(1, 2, now=9.0, unit=4) == "ok"
+    assert _work(c, 1, 0, 19.5) == (0, 4)  # silent since 9 s: counted dead, unit 4 handed on
+    assert c.beat(1, 2, now=19.6, unit=4) == "not-holder"  # it would learn that it lost the unit
+    assert _work(c, 1, 1, 19.6) == (0, 5)
+    assert c.eval_done(1, 0, {"phase": 0, "unit": 4}, now=20.0) == "ok"
+    assert c.eval_done(1, 2, {"phase": 0, "unit": 4}, now=20.0) == "late"  # done already
+    assert _work(c, 1, 0, 20.0) == "wait"  # phase 1 only once every unit of phase 0 is done
+    c.eval_done(1, 1, {"phase": 0, "unit": 5}, now=20.1)
+    # the scoring: the units of the dead rank's partition are handed out at once
+    got = {rank: [] for rank in (0, 1)}
+    for t in range(6):
+        for rank in (0, 1):
+            w = _work(c, 1, rank, 21.0 + t)
+            if isinstance(w, tuple):
+                got[rank].append(w[1])
+                c.eval_done(1, rank, {"phase": 1, "unit": w[1], "partial": {"val": [0.5 * (w[1] + 1), w[1] + 1],
+                                                                              "test": [1.0, 2]}}, now=21.0 + t)
+    assert sorted(got[0] + got[1]) == list(range(6)) and got[0][:2] == [0, 1] and got[1][:2] == [2, 3]
+    assert _work(c, 1, 1, 30.0) == "wait"  # the lead records the round
+    status, _, meta = c.eval_poll(1, 0, 30.0)
+    assert status == "scored" and meta["sums"] == {"val": [10.5, 21], "test": [6.0, 12]}
+    assert meta["handed_on"] == 2 + 2 and meta["workers"] == [0, 1] and meta["dead"] == [2]
+    assert any("rank 2 silent for 10s while evaluating" in line for line in meta["log"])
+    assert c.release(1, 0, torch.zeros(0), {"state": {}}, now=30.0) == "ok"
+    assert c.eval_poll(1, 1, 30.1)[0] == "released"
+    # the next round: rank 2 is dead, its partition's units are everyone's from the start
+    for rank in (0, 1):
+        c.submit(2, rank, torch.tensor([1.0]), {}, now=40.0)
+    assert [_work(c, 2, 0, 40.0), _work(c, 2, 0, 40.0), _work(c, 2, 0, 40.0)] == [(0, 0), (0, 1), (0, 4)]
+
+
+def test_a_silent_lead_is_replaced_and_the_corrected_model_reaches_everyone():
+    """LLCG: the lead corrects the mean before the evaluation opens; it dies doing so, the next
+    contributing rank leads instead, and its corrected weights go to every trainer once."""
+    c = Coordinator([0, 1, 2], round_timeout_s=5, start_timeout_s=60, evaluator_timeout_s=10,
+                    homes=[0, 1, 2], phases=1, corrects=True)
     for rank in range(3):
         c.submit(1, rank, torch.tensor([float(rank)]), {}, now=0.0)
-    assert c.poll_mean(1, 0, 0.0)[2]["evaluator"] == 0
+    status, tensor, meta = c.eval_poll(1, 0, 0.0)
+    assert status == "lead" and tensor.item() == 1.0 and meta["first_evaluator"] == 0
+    assert c.eval_poll(1, 1, 0.1)[0] == "wait"  # nothing to do before the correction
     assert c.beat(1, 0, now=8.0) == "ok"
-    assert c.poll_release(1, 1, now=15.0)[0] == "wait"  # beat at 8 s: still within 10 s
-    assert c.poll_release(1, 2, now=18.5)[0] == "wait"  # rank 0 silent: rank 1 takes over, not 2
-    status, tensor, meta = c.poll_release(1, 1, now=18.6)
-    assert status == "evaluate" and tensor.item() == 1.0 and meta["evaluator"] == 1 and 0 in meta["dead"]
-    assert c.beat(1, 0, now=19.0) == "not-evaluator"  # the old evaluator learns it was replaced
-    assert c.release(1, 0, torch.zeros(0), {}, now=19.0) == "not-evaluator"
-    assert c.poll_start(1, now=19.0) == "wait"
-    assert c.release(1, 1, torch.tensor([7.0]), {"state": {"x": 1}}, now=19.0) == "ok"
-    assert c.poll_start(1, now=19.1) == "wait"  # rank 2 has not picked up the release yet
-    status, tensor, meta = c.poll_release(1, 2, now=19.2)
-    assert status == "released" and tensor.item() == 7.0 and meta == {"state": {"x": 1}}
-    assert c.poll_start(1, now=19.2) == "go"  # every live contributor has it (rank 0 is dead)
+    assert c.eval_poll(1, 1, 15.0)[0] == "wait"  # beat at 8 s: still within 10 s
+    assert c.eval_poll(1, 2, 18.5)[0] == "wait"  # rank 0 silent: rank 1 leads, not 2
+    status, tensor, meta = c.eval_poll(1, 1, 18.6)
+    assert status == "lead" and tensor.item() == 1.0 and meta["evaluator"] == 1 and 0 in meta["dead"]
+    assert c.beat(1, 0, now=19.0) == "not-evaluator"  # the old lead learns it was replaced
+    assert c.eval_open(1, 0, torch.tensor([5.0]), {}, now=19.0) == "not-evaluator"
+    assert c.eval_open(1, 1, torch.tensor([7.0]), {"corr_s": 0.5}, now=19.0) == "ok"
+    status, tensor, meta = c.eval_poll(1, 2, 19.1)
+    assert status == "work" and tensor.item() == 7.0 and meta == {"phase": 0, "unit": 2}
+    status, tensor, _ = c.eval_poll(1, 1, 19.1)
+    assert status == "work" and tensor.numel() == 0  # the lead has them: its own correction
+    status, tensor, _ = c.eval_poll(1, 2, 19.2)
+    assert status == "work" and tensor.numel() == 0  # sent once
+    for rank, unit in ((1, 1), (2, 2), (2, 0)):  # rank 0's unit goes to whoever asks
+        c.eval_done(1, rank, {"phase": 0, "unit": unit, "partial": {"val": [1.0, 1], "test": [0.0, 1]}}, now=19.3)
+    status, _, meta = c.eval_poll(1, 1, 19.4)
+    assert status == "scored" and meta["corr_s"] == 0.5 and meta["sums"]["val"] == [3.0, 3]
+    assert c.poll_start(1, now=19.4) == "wait"
+    assert c.release(1, 1, torch.zeros(0), {"state": {"x": 1}}, now=19.5) == "ok"
+    assert c.poll_start(1, now=19.5) == "wait"  # rank 2 has not picked up the release yet
+    status, tensor, meta = c.eval_poll(1, 2, 19.6)
+    assert status == "released" and tensor.numel() == 0 and meta == {"state": {"x": 1}}
+    assert c.poll_start(1, now=19.6) == "go"  # every live contributor has it (rank 0 is dead)
+    assert c.poll_release(1, 3, now=19.7)[1].item() == 7.0  # a dropped partition's trainer gets them
 
 
 def test_the_next_round_starts_without_a_trainer_that_never_picks_up_the_release():
@@ -334,13 +404,23 @@ def _kill_trainer_after_round(run_dir, p, rank: int, after_round: int) -> int:
     raise AssertionError(f"round {after_round} never came (launcher rc {p.poll()})")
 
 
+def _split_sizes(run_dir) -> dict:
+    """The validation and test nodes of the run's dataset (read from the dataset, not the run)."""
+    from degnn.data import load_dataset
+
+    g = load_dataset(OmegaConf.load(Path(run_dir) / "config.yaml").dataset).graph
+    return {k: int(g.ndata[f"{k}_mask"].sum()) for k in ("val", "test")}
+
+
 @netns
 @pytest.mark.parametrize("victim", [2, 0], ids=["rank2-of-4-killed-from-outside",
-                                                "rank0-the-evaluator-of-3-dies-while-evaluating"])
+                                                "rank0-the-lead-of-3-dies-while-evaluating"])
 def test_a_trainer_killed_mid_run_does_not_stop_training(tmp_path, victim):
-    """Rank 2 of 4 SIGKILLed by the test after round 1; or rank 0, the evaluating trainer,
-    SIGKILLing itself in the middle of round 2's evaluation (pipeline.kill_rank, the benchmarks'
-    fault injection): after evaluator_timeout the lowest live rank evaluates round 2 instead."""
+    """Rank 2 of 4 SIGKILLed by the test after round 1; or rank 0, the lead of the evaluation,
+    SIGKILLing itself in the middle of round 2's evaluation, holding a unit of the second layer
+    (pipeline.kill_rank, the benchmarks' fault injection): after evaluator_timeout its units go to
+    the live trainers and the lowest live rank leads round 2 instead. Every evaluation, the one it
+    died in too, scores every validation and test node."""
     run_dir = tmp_path / "run"
     machines = 4 if victim == 2 else 3
     inject = [] if victim == 2 else [f"pipeline.kill_rank={victim}", "pipeline.kill_at=6s",
@@ -366,14 +446,28 @@ def test_a_trainer_killed_mid_run_does_not_stop_training(tmp_path, victim):
     assert s["trainers_dead_ranks"] == [victim] and victim not in s["trainers_alive_ranks"]
     if victim == 0:
         assert "killing myself (SIGKILL) in the evaluation of round 2" in (run_dir / "rank0.log").read_text()
-        assert "round 2: taking over evaluation from rank 0" in (run_dir / "rank1.log").read_text()
-        assert "evaluator rank 0 silent" in (run_dir / "rank1.log").read_text()
+        # the next contributing rank leads (rank 2 if rank 1 was late for round 2 on a loaded host)
+        logs = (run_dir / "rank1.log").read_text() + (run_dir / "rank2.log").read_text()
+        assert "round 2: taking over evaluation from rank 0" in logs
+        assert "evaluator rank 0 silent" in logs
     curve = read_curve(run_dir)
     assert [c["round"] for c in curve] == [1, 2, 3, 4, 5]  # every round evaluated exactly once
     assert curve[0]["trainers"] == list(range(machines))
     assert curve[-1]["trainers"] == [r for r in range(machines) if r != victim]
     if victim == 0:  # it had submitted round 2 before it died evaluating it
         assert curve[1]["trainers"] == [0, 1, 2]
+        assert "units [0] of phase 1 that rank 0 held go to live trainers" in logs
+    # the evaluation: by the live trainers, every node scored; the dead one's partition evaluated
+    # by the others (4 units a partition; 2 layers and the scoring; round 2: from its second layer)
+    sizes = _split_sizes(run_dir)
+    assert s["eval_counts"] == sizes and all(c["eval_counts"] == sizes for c in curve), sizes
+    assert curve[0]["eval_trainers"] == list(range(machines)) and curve[0]["eval_handed_on"] == 0
+    assert curve[1]["eval_handed_on"] >= (8 if victim == 0 else 12)
+    assert all(c["eval_trainers"] == curve[-1]["trainers"] and c["eval_handed_on"] == 12 for c in curve[2:])
+    # every trainer's evaluation bytes are in the summary: the count is the wire's (evaluation is
+    # most of the traffic here; the dead one's unfinished unit and rank 0's local averaging aside)
+    app = sum(s["app_bytes_by_category"].values())
+    assert abs(app - s["net_bytes_total"]) < 0.05 * s["net_bytes_total"], (s["app_bytes_by_category"], s["net_bytes_total"])
     assert s["best_val"] > 0.4
     assert s["net_bytes_train"] < s["param_bytes"], s["net_bytes_train_per_trainer"]
     _nothing_left(run_dir)

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from degnn.config import CONF_DIR, register_configs
 
-from .report import write_report
+from .report import plot_note, write_report
 
 register_configs()
 
@@ -64,6 +64,8 @@ def main(cfg: DictConfig) -> None:
         print(f"bench {cfg.bench.name}: suites done in {time.time() - t0:.0f}s", flush=True)
     report = write_report(out, title=f"degnn benchmark: {cfg.bench.name}")
     print(f"report: {report}")
+    if plot_note():
+        print(f"bench {cfg.bench.name}: {plot_note()}", flush=True)
     if failed:
         sys.exit(1)
 

@@ -2,22 +2,47 @@
 and runs.csv (one row per run, a column per summary key).
 
 `python -m degnn.bench.report <results folder>` rewrites the report of an earlier `make bench`.
+The plots need matplotlib (`pip install 'degnn[bench]'`); without it the report says so in one line
+and has every table.
+
+Every figure draws a method in the same colour (METHOD_COLOURS) and says its dataset, machines and
+bandwidth in its title.
 """
 from __future__ import annotations
 
 import csv
 import json
 import sys
+import zlib
 from collections import defaultdict
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
-import matplotlib
+from degnn.metrics import read_curve
 
-matplotlib.use("Agg")  # no screen on the benchmark machines
-import matplotlib.pyplot as plt  # noqa: E402
+PLOT_HINT = "no plots: matplotlib is not installed (pip install 'degnn[bench]'); every table is here"
 
-from degnn.metrics import read_curve  # noqa: E402
+_PYPLOT: list = []
+
+
+def _pyplot():
+    """matplotlib's pyplot on the Agg backend (no screen on the benchmark machines), or None where
+    matplotlib is not installed."""
+    if not _PYPLOT:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            plt = None
+        _PYPLOT.append(plt)
+    return _PYPLOT[0]
+
+
+def plot_note() -> Optional[str]:
+    """One line saying how to get the plots, where matplotlib is missing; None where it is there."""
+    return None if _pyplot() is not None else PLOT_HINT
 
 
 def collect(results: Path) -> List[dict]:
@@ -410,19 +435,19 @@ def link_section(runs: List[dict]) -> List[str]:
 def plot_tma(group: List[dict], base: Optional[dict], target: Optional[float], path: Path) -> Optional[Path]:
     """Validation against training time, every method of one dataset and bandwidth (failures dashed)."""
     curves = [s for s in group if s["_curve"]]
-    if not curves:
+    plt = _pyplot()
+    if not curves or plt is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for s in sorted(curves, key=label):
         pts = [(r["train_time_s"], r["val"]) for r in s["_curve"] if r.get("val") is not None]
         if pts:
             ax.plot(*zip(*pts), marker="o", markersize=3, linestyle="--" if failure(s) else "-",
-                    label=method(s) + (f" ({failure(s)})" if failure(s) else ""))
+                    color=colour(s), label=method_name(s) + (f" ({failure(s)})" if failure(s) else ""))
     if target is not None:
         ax.axhline(target, color="grey", linewidth=0.8, linestyle=":", label="distdgl best − 1 pt")
     s0 = group[0]
-    ax.set_title(f"{s0.get('dataset')}, {s0.get('machines')} machines, {bandwidth(s0) or 'unlimited'}, "
-                 f"{s0.get('model')}")
+    ax.set_title(fig_title(group, f"validation against training time, {s0.get('model')}"), fontsize=9)
     ax.set_xlabel("training time (s, evaluation excluded)")
     ax.set_ylabel(f"validation {s0.get('metric', 'acc')}")
     return _finish(fig, ax, path)
@@ -438,9 +463,94 @@ def _finish(fig, ax, path: Path) -> Path:
 def _save(fig, path: Path) -> Path:
     """Lay out, write the PNG, free the figure: the end of every plot here."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    _pyplot().close(fig)
     return path
+
+
+# one colour per method in every figure (matplotlib's tab10); a method not named here gets one of
+# the spare colours, always the same for the same name
+METHOD_COLOURS = {"distdgl": "#1f77b4", "lamp": "#ff7f0e", "tma/random": "#2ca02c",
+                  "tma/supernode": "#d62728", "tma/psgd-pa": "#9467bd", "tma/llcg": "#8c564b",
+                  "single": "#7f7f7f", "plain-dgl": "#17becf"}
+_SPARE_COLOURS = ("#e377c2", "#bcbd22", "#393b79", "#637939", "#843c39")
+METHOD_NAMES = {"tma/random": "RandomTMA", "tma/supernode": "SuperTMA", "tma/psgd-pa": "PSGD-PA",
+                "tma/llcg": "LLCG", "single": "one process", "plain-dgl": "plain DGL"}
+
+
+def colour(s: dict) -> str:
+    name = method(s)
+    return METHOD_COLOURS.get(name) or _SPARE_COLOURS[zlib.crc32(name.encode()) % len(_SPARE_COLOURS)]
+
+
+def method_name(s: dict) -> str:
+    return METHOD_NAMES.get(method(s), method(s))
+
+
+def _joined(values) -> str:
+    return " / ".join(sorted({str(v) for v in values}))
+
+
+def fig_title(runs: List[dict], what: str, settings: str = "") -> str:
+    """A figure's title: what it shows, then the dataset, machines and bandwidth of its runs (and
+    the settings its runs share, from labels())."""
+    layers = {s.get("layers") for s in runs}
+    text = (f"{what}\n{_joined(s.get('dataset') for s in runs)}, "
+            f"{_joined(s.get('machines') for s in runs)} machines, "
+            f"{_joined(bandwidth(s) or 'unlimited' for s in runs)} links"
+            + (f", {layers.pop()} layers" if len(layers) == 1 and None not in layers else ""))
+    return text + (f"\n{settings}" if settings else "")
+
+
+def _facets(s: dict) -> Dict[str, str]:
+    """What tells a run apart from the others of a figure, each in words: where it ran, then the
+    method's own settings."""
+    f = {"dataset": str(s.get("dataset")), "layers": f"{s.get('layers')} layers",
+         "machines": f"{s.get('machines')} machines", "bandwidth": bandwidth(s) or "unlimited"}
+    if s.get("pipeline") == "lamp":
+        if s.get("bits") is not None:
+            f["bits"] = f"{s['bits']}-bit"
+        if "prefetch" in s:
+            f["prefetch"] = f"prefetch {s['prefetch']}" if s["prefetch"] else "synchronous"
+        if "fusion" in s:
+            f["fusion"] = "fusion" if s["fusion"] else "no fusion"
+        if "sync_budget" in s:
+            f["sync"] = "every halo row synced" if s["sync_budget"] is None else f"halo budget {s['sync_budget']:g}"
+        if "grad" in s:
+            f["grad"] = f"{s['grad']} gradients"
+        if "engine" in s:
+            f["engine"] = f"owners on the {s['engine']}s"
+    if failure(s):
+        f["failure"] = failure(s)
+    return f
+
+
+WHERE = ("dataset", "layers", "machines", "bandwidth")
+SETTINGS = ("bits", "prefetch", "fusion", "sync", "grad", "engine", "failure")  # _facets' own, in order
+
+
+def labels(runs: List[dict]) -> Tuple[List[str], str]:
+    """A readable name per run, and the settings the names leave out. A name is the method, where
+    it ran when that differs between the runs, and those of the method's settings that differ from
+    the most common one among the runs having that setting; the most common ones are the second
+    value ("lamp unless named: 8-bit, prefetch 1")."""
+    facets = [_facets(s) for s in runs]
+    varies = {k for k in WHERE if len({f[k] for f in facets}) > 1}
+    usual: Dict[str, Dict[str, str]] = defaultdict(dict)  # method -> setting -> its most common value
+    for name in {method_name(s) for s in runs}:
+        mine = [f for s, f in zip(runs, facets) if method_name(s) == name]
+        for k in {k for f in mine for k in f if k not in WHERE and k != "failure"}:
+            values = [f[k] for f in mine if k in f]
+            usual[name][k] = max(sorted(set(values)), key=values.count)
+    out = []
+    for s, f in zip(runs, facets):
+        where = ", ".join(f[k] for k in WHERE if k in varies)
+        own = [v for k, v in f.items() if k not in WHERE and usual[method_name(s)].get(k) != v]
+        text = ", ".join([method_name(s), *own])
+        out.append(f"{where}: {text}" if where else text)
+    shared = "; ".join(f"{name} unless named: " + ", ".join(u[k] for k in sorted(u, key=SETTINGS.index))
+                       for name, u in sorted(usual.items()) if u)
+    return out, shared
 
 
 def _group(s: dict) -> str:
@@ -559,9 +669,9 @@ def lamp_ablations(runs: List[dict]) -> List[str]:
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
-def _bytes_vs_layers(ok: List[dict]) -> Dict[tuple, list]:
-    """(pipeline, dataset) -> [(layers, wire bytes per batch beyond the all-reduce)], one run per
-    layer count (lamp at 8 bits; a `bytes-*` suite's run first)."""
+def _bytes_picks(ok: List[dict]) -> Dict[tuple, dict]:
+    """(pipeline, dataset, layers) -> the run whose wire bytes stand for it (lamp at 8 bits; a
+    `bytes-*` suite's run first)."""
     pick: Dict[tuple, dict] = {}
     for s in sorted(ok, key=lambda s: (not _group(s).startswith("bytes"), s["_rel"])):
         if s["pipeline"] == "lamp" and s.get("bits") != 8:
@@ -569,8 +679,14 @@ def _bytes_vs_layers(ok: List[dict]) -> Dict[tuple, list]:
         if _beyond_allreduce(s) is None:
             continue
         pick.setdefault((s["pipeline"], s["dataset"], s.get("layers")), s)
+    return pick
+
+
+def _bytes_vs_layers(ok: List[dict]) -> Dict[tuple, list]:
+    """(pipeline, dataset) -> [(layers, wire bytes per batch beyond the all-reduce)], one run per
+    layer count (_bytes_picks)."""
     series: Dict[tuple, list] = defaultdict(list)
-    for (pipe, ds, layers), s in sorted(pick.items(), key=lambda kv: str(kv[0])):
+    for (pipe, ds, layers), s in sorted(_bytes_picks(ok).items(), key=lambda kv: str(kv[0])):
         series[(pipe, ds)].append((layers, _beyond_allreduce(s)))
     return {k: sorted(v) for k, v in series.items()}
 
@@ -578,15 +694,22 @@ def _bytes_vs_layers(ok: List[dict]) -> Dict[tuple, list]:
 def plot_lamp_bytes(runs: List[dict], path: Path) -> Optional[Path]:
     ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("lamp", "distdgl")]
     series = _bytes_vs_layers(ok)
-    if not any(p == "lamp" for p, _ in series):
+    plt = _pyplot()
+    if not any(p == "lamp" for p, _ in series) or plt is None:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
+    datasets = sorted({ds for _, ds in series})
     for (pipe, ds), pts in sorted(series.items()):
-        ax.plot([l for l, _ in pts], [b / 1024 for _, b in pts], marker="o",
-                linestyle="-" if pipe == "lamp" else "--", label=f"{pipe} {ds}")
+        i = datasets.index(ds)
+        ax.plot([l for l, _ in pts], [b / 1024 for _, b in pts], color=colour({"pipeline": pipe}),
+                marker="os^vD"[i % 5], linestyle=("-", "--", ":", "-.")[i % 4],
+                label=f"{pipe} {ds}" if len(datasets) > 1 else pipe)
+    ax.set_xticks(sorted({l for pts in series.values() for l, _ in pts}))  # whole layers only
     ax.set_yscale("log")
     ax.set_xlabel("layers")
     ax.set_ylabel("wire KB per batch beyond the all-reduce")
+    ax.set_title(fig_title(list(_bytes_picks(ok).values()), "bytes per batch against layers (8-bit lamp)"),
+                 fontsize=9)
     return _finish(fig, ax, path)
 
 
@@ -629,23 +752,39 @@ def breakdown_section(runs: List[dict]) -> List[str]:
     return out + [""]
 
 
+PHASE_COLOURS = {"sampling": "#66c2a5", "owner_wait": "#fc8d62", "compute": "#8da0cb",
+                 "allreduce": "#e78ac3", "history": "#a6d854", "other": "#d9d9d9"}
+PHASE_NAMES = {"owner_wait": "owner wait", "allreduce": "all-reduce"}
+
+
+def _run_axis(ax, rows: List[dict]) -> None:
+    """One horizontal bar per run, top to bottom, named in words, each name in its method's colour."""
+    ax.set_yticks(list(range(len(rows))))
+    ax.set_yticklabels(labels(rows)[0], fontsize=8)
+    for tick, s in zip(ax.get_yticklabels(), rows):
+        tick.set_color(colour(s))
+    ax.invert_yaxis()
+    ax.grid(axis="x", alpha=0.3)
+
+
 def plot_breakdown(runs: List[dict], path: Path) -> Optional[Path]:
     """One stacked bar per run: the per-batch time by phase."""
     rows = sorted((s for s in runs if s.get("status") == "ok" and s.get("time_per_batch_s")),
-                  key=lambda s: (s.get("dataset"), s.get("layers"), s["_rel"]))
-    if not rows:
+                  key=lambda s: (str(s.get("dataset")), s.get("layers") or 0, method(s), s["_rel"]))
+    plt = _pyplot()
+    if not rows or plt is None:
         return None
-    fig, ax = plt.subplots(figsize=(max(6, 0.6 * len(rows) + 2), 4.5))
-    bottom = [0.0] * len(rows)
+    fig, ax = plt.subplots(figsize=(8, 1.4 + 0.35 * len(rows)))
+    left = [0.0] * len(rows)
     for phase in PHASES:
         vals = [1000 * s["time_per_batch_s"].get(phase, 0.0) for s in rows]
-        ax.bar(range(len(rows)), vals, bottom=bottom, label=phase.replace("_", " "))
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_xticks(list(range(len(rows))))
-    ax.set_xticklabels([_short(s) for s in rows], rotation=35, ha="right", fontsize=7)
-    ax.set_ylabel("ms per batch (per trainer)")
-    ax.legend(fontsize=7)
-    ax.grid(axis="y", alpha=0.3)
+        ax.barh(range(len(rows)), vals, left=left, color=PHASE_COLOURS[phase],
+                label=PHASE_NAMES.get(phase, phase))
+        left = [b + v for b, v in zip(left, vals)]
+    _run_axis(ax, rows)
+    ax.set_xlabel("ms per batch (per trainer)")
+    ax.set_title(fig_title(rows, "where a batch's time goes", labels(rows)[1]), fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
 
@@ -654,15 +793,21 @@ def plot_curves(runs: List[dict], path: Path) -> Optional[Path]:
     for s in runs:
         if s["_curve"]:
             groups[s.get("dataset")].append(s)
-    if not groups:
+    plt = _pyplot()
+    if not groups or plt is None:
         return None
     fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4), squeeze=False)
     for ax, (ds, group) in zip(axes[0], sorted(groups.items())):
-        for s in group:
+        # runs of one method: one colour, a line style each (a run with a failure dashed)
+        seen: Dict[str, int] = defaultdict(int)
+        names, shared = labels(group)
+        for s, name in zip(group, names):
             pts = [(r["train_time_s"], r["val"]) for r in s["_curve"] if "val" in r]
             if pts:
-                ax.plot(*zip(*pts), marker="o", markersize=3, label=label(s))
-        ax.set_title(ds)
+                style = "--" if failure(s) else ("-", ":", "-.", (0, (6, 1, 1, 1)))[seen[method(s)] % 4]
+                seen[method(s)] += not failure(s)
+                ax.plot(*zip(*pts), marker="o", markersize=3, color=colour(s), linestyle=style, label=name)
+        ax.set_title(fig_title(group, "validation against training time", shared), fontsize=9)
         ax.set_xlabel("training wall time (s)")
         ax.set_ylabel(f"validation {group[0].get('metric', 'acc')}")
         ax.grid(alpha=0.3)
@@ -671,21 +816,27 @@ def plot_curves(runs: List[dict], path: Path) -> Optional[Path]:
 
 
 def plot_bytes(runs: List[dict], path: Path) -> Optional[Path]:
-    rows = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") != "single"]
-    if not rows:
+    rows = sorted((s for s in runs if s.get("status") == "ok" and s.get("pipeline") != "single"),
+                  key=lambda s: (str(s.get("dataset")), s.get("layers") or 0, method(s), s["_rel"]))
+    plt = _pyplot()
+    if not rows or plt is None:
         return None
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
-    xs = range(len(rows))
-    width = 0.4
+    from matplotlib.patches import Patch
+
+    fig, ax = plt.subplots(figsize=(8, 1.4 + 0.45 * len(rows)))
+    ys = range(len(rows))
+    height = 0.4
     net = [(s.get("net_bytes_per_batch") or 0) / 1024 for s in rows]
     app = [(s.get("app_bytes_per_batch") or 0) / 1024 for s in rows]
-    ax.bar([x - width / 2 for x in xs], net, width, label="on the wire (veth)")
-    ax.bar([x + width / 2 for x in xs], app, width, label="application counters")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels([label(s) for s in rows], rotation=30, ha="right", fontsize=7)
-    ax.set_ylabel("KB per batch (per trainer)")
-    ax.legend()
-    ax.grid(axis="y", alpha=0.3)
+    colours = [colour(s) for s in rows]
+    ax.barh([y - height / 2 for y in ys], net, height, color=colours)
+    ax.barh([y + height / 2 for y in ys], app, height, color=colours, alpha=0.45, hatch="//")
+    _run_axis(ax, rows)
+    ax.set_xlabel("KB per batch (per trainer)")
+    ax.set_title(fig_title(rows, "bytes sent per batch", labels(rows)[1]), fontsize=9)
+    ax.legend(handles=[Patch(color="grey", label="on the wire (veth)"),
+                       Patch(facecolor="grey", alpha=0.45, hatch="//", label="application counters")],
+              fontsize=7)
     return _save(fig, path)
 
 
@@ -732,6 +883,8 @@ def write_report(results: Path, title: str = "degnn benchmark") -> Path:
              "Bytes per batch are per trainer and training step: on the wire = bytes the machines' "
              "network interfaces sent during training (netns veth counters), application = what degnn "
              "counted (sampling RPCs and feature pulls that cross machines, gradient all-reduce).", ""]
+    if plot_note():
+        lines += [plot_note(), ""]
     lines += table(runs) + [""]
     lines += comparisons(runs)
     lines += parity(runs)
@@ -759,3 +912,5 @@ def write_report(results: Path, title: str = "degnn benchmark") -> Path:
 
 if __name__ == "__main__":
     print(write_report(Path(sys.argv[1])))
+    if plot_note():
+        print(plot_note())

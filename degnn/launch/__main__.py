@@ -1,4 +1,4 @@
-"""`python -m degnn.launch <hydra overrides>`: start a cluster job (or a sweep of them with -m).
+"""`python -m degnn.launch <hydra overrides>` (or `degnn-launch`): start a cluster job (or a sweep of them with -m).
 
 Each Hydra job: build or find the partitions (`degnn.partition.ensure_partitions`), then run one
 cluster in the job's own output directory (`cluster.dry_run=true`: print the plan, with the
@@ -88,14 +88,27 @@ def main(cfg: DictConfig) -> None:
         check_trainers(pipeline_cls, cfg)
         check_model_config(cfg.model)
         # the pipeline's own checks; it may pick the partition (TMA's variants) for every process
-        task += pipeline_cls.prepare_launch(cfg, task)
+        picked = pipeline_cls.prepare_launch(cfg, task)
+        task += picked
         check_resume_dir(cfg, len(machines) * cfg.cluster.trainers_per_machine)
+        if cfg.partition.path:  # made elsewhere: checked, then used as it is
+            from degnn.partition import PartitionError, existing_partition
+
+            wants = [o.split("=", 1)[1] for o in picked if o.startswith("partition=")]
+            try:
+                part_config = existing_partition(cfg.partition.path, len(machines), wants[0] if wants else None)
+            except PartitionError as e:
+                raise ValueError(str(e)) from None
     except (LaunchError, NotImplementedError, ValueError) as e:
         _fail(str(e))
+    if cfg.partition.path:
+        print(f"partitions: {part_config} (partition.path: used as it is)", flush=True)
+        _launch(cfg, run_dir, str(part_config), task)
+        return
     try:
         from degnn.partition import ensure_partitions, planned_partitions
     except ImportError as e:
-        _fail(f"partitioners.ensure_partitions is not available ({_one_line(e)})")
+        _fail(f"degnn.partition.ensure_partitions is not available ({_one_line(e)})")
     if cfg.cluster.dry_run:  # the plan, with the partitions a real run uses or builds: no dataset
         try:
             part_config, built = planned_partitions(cfg.dataset, cfg.partition)
@@ -149,16 +162,23 @@ def _launch(cfg, run_dir: str, part_config: str, task: list) -> None:
         sys.exit(rc)
 
 
+# Hydra's flags that print and run no job (nor create its directory)
+NO_JOB_FLAGS = ("-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "--version")
+
+
 def _run_dir_args(argv) -> list:
     """(key, value) of the directories Hydra will create: hydra.run.dir, or hydra.sweep.dir for
-    -m; the defaults (degnn/conf/config.yaml) are under ./runs."""
+    -m; the defaults (degnn/conf/config.yaml) are under ./runs. None for a flag that runs no job."""
+    if any(a in NO_JOB_FLAGS or a.startswith("--cfg=") for a in argv):
+        return []
     multirun = any(a in ("-m", "--multirun") for a in argv)
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     given = [a.split("=", 1)[1] for a in argv if a.split("=", 1)[0].lstrip("+~") == key]
     return [(key, given[-1] if given else "runs")]
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The command line (`python -m degnn.launch`, the `degnn-launch` console script)."""
     try:
         if "--cleanup" in sys.argv[1:]:  # leftovers of launchers that are gone (cleanup.py)
             from .cleanup import main as cleanup_main
@@ -174,3 +194,7 @@ if __name__ == "__main__":
         main()
     except KeyboardInterrupt:  # before the launcher's own handlers (Hydra composing the config)
         _fail("interrupted while starting; nothing was started", 130)
+
+
+if __name__ == "__main__":
+    cli()

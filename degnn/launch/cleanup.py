@@ -4,7 +4,8 @@ what every launch removes first.
 A launcher killed with SIGKILL runs no clean-up of its own. Its processes and holders die with it
 (parent-death signal), but some state outlives every process:
   - netns clusters: the namespaces (bind mounts under /run/netns), the bridge and veths
-    (`degnn<pid>[mvb]<i>`, degnn/launch/netns.py);
+    (`degnn<pid>[mvb]<i>`, degnn/launch/netns.py), and with machine limits each machine's
+    cgroups (`degnn<pid>m<i>` in the memory and cpu hierarchies, degnn/launch/limits.py);
   - non-isolated cluster=local runs: the registration `/dev/shm/degnn-local-<pid>` and DGL's
     shared-memory files in the host's /dev/shm (degnn/launch/isolate.py);
   - any process that still carries a dead launcher's pid (DEGNN_LAUNCHER_PID for servers and
@@ -154,6 +155,9 @@ def cleanup_all(partition_roots: Sequence[str] = ()) -> List[str]:
         from .netns import cleanup_stale
 
         removed += [f"netns/link {n}" for n in cleanup_stale()]
+        from .limits import cleanup_stale as stale_cgroups
+
+        removed += [f"cgroup {d}" for d in stale_cgroups()]
     removed += kill_orphans()
     removed += [f"file {f}" for f in remove_dead_local_runs()]
     removed += remove_dead_partition_temps(partition_roots)

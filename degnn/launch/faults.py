@@ -6,9 +6,10 @@ full disk (docs/design.md, "Fault policy").
   `Registry and code`, `Command`, `Uptime` when a process that used it exits, also after an
   abort) is never the error and is left out of the log tail the launcher shows (`is_banner`).
 - `oom_counts()` / `oom_note(pid, before)`: whether the kernel killed a process for memory, from
-  the launcher's memory cgroup (`memory.events` oom_kill on cgroup v2, `memory.oom_control`
-  oom_kill on v1: its processes run in the launcher's cgroup) or the kernel log (`dmesg`), else a
-  hint that it may have been.
+  the kernel log (`dmesg`: the pid itself), the launcher's memory cgroup (`memory.events`
+  oom_kill on cgroup v2, `memory.oom_control` oom_kill on v1: its processes run in the
+  launcher's cgroup) or the host's count (`/proc/vmstat` oom_kill), else a hint that it may have
+  been. A machine's own memory limit is limits.py's.
 - `disk_note(path)`: a clause naming a full file system.
 """
 from __future__ import annotations
@@ -77,10 +78,14 @@ def _cgroup_files(pid: str = "self") -> List[str]:
     return out
 
 
+VMSTAT = "/proc/vmstat"  # the host's own count of OOM kills (oom_kill, Linux 4.13+)
+
+
 def oom_counts() -> Dict[str, int]:
-    """oom_kill of each of the launcher's memory cgroup files (read when the run starts)."""
+    """oom_kill of each of the launcher's memory cgroup files and of the host (/proc/vmstat),
+    read when the run starts."""
     counts = {}
-    for f in _cgroup_files():
+    for f in _cgroup_files() + [VMSTAT]:
         try:
             with open(f) as fh:
                 for line in fh:
@@ -106,6 +111,14 @@ def _dmesg_oom(pid: int) -> Optional[str]:
     return ""
 
 
+def killed_rss_kb(pid: int) -> Optional[int]:
+    """The resident set (KiB) the kernel's OOM killer recorded when it killed `pid` (dmesg:
+    anon-rss + file-rss + shmem-rss), or None."""
+    rec = _dmesg_oom(pid)
+    m = re.search(r"anon-rss:(\d+)kB, file-rss:(\d+)kB, shmem-rss:(\d+)kB", rec or "")
+    return sum(int(x) for x in m.groups()) if m else None
+
+
 def oom_note(pid: int, before: Dict[str, int]) -> str:
     """Why a process died of SIGKILL that the launcher did not send: the kernel's OOM killer if its
     record says so, else a hint."""
@@ -113,10 +126,14 @@ def oom_note(pid: int, before: Dict[str, int]) -> str:
     if rec:
         return f"out of memory: the kernel's OOM killer, dmesg: {rec}"
     now = oom_counts()
-    rose = sum(max(0, v - before.get(f, 0)) for f, v in now.items())
-    if rose:
-        return (f"out of memory: the kernel's OOM killer, {rose} kill(s) in the launcher's memory "
-                f"cgroup ({', '.join(sorted(now))})")
+    rose = {f: v - before[f] for f, v in now.items() if f in before and v > before[f]}
+    cgroups = sorted(f for f in rose if f != VMSTAT)
+    if cgroups:
+        return (f"out of memory: the kernel's OOM killer, {sum(rose[f] for f in cgroups)} kill(s) "
+                f"in the launcher's memory cgroup ({', '.join(cgroups)})")
+    if VMSTAT in rose:
+        return (f"out of memory: the kernel's OOM killer killed {rose[VMSTAT]} process(es) on "
+                f"this host while the run ran ({VMSTAT} oom_kill)")
     if now and rec is not None:
         return "not by the kernel's OOM killer: its records show none"
     return "out of memory? the kernel's record could not be read"

@@ -16,6 +16,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
+from .limits import MachineLimits
 from .netns import NetnsCluster
 from degnn.metrics import progress_of, result_line, write_json_atomic
 from degnn.runtime.cluster import machines_of
@@ -105,9 +106,11 @@ def make_plan(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str]
 
 def finalize_summary(run_dir: str, start: Optional[List[Tuple[int, int]]],
                      end: Optional[List[Tuple[int, int]]],
-                     dead_trainers: Optional[List[int]] = None) -> Optional[dict]:
-    """Add the wire counters to rank 0's summary.json (null outside netns), and the ranks of
-    trainers that died in a run that went on without them (`trainers_died`)."""
+                     dead_trainers: Optional[List[int]] = None,
+                     extra: Optional[dict] = None) -> Optional[dict]:
+    """Add the wire counters to rank 0's summary.json (null outside netns), the ranks of
+    trainers that died in a run that went on without them (`trainers_died`) and `extra` (every
+    process's peak RSS, the machines' limits: `launcher_keys`)."""
     path = Path(run_dir) / "summary.json"
     if not path.is_file():
         return None
@@ -118,6 +121,7 @@ def finalize_summary(run_dir: str, start: Optional[List[Tuple[int, int]]],
         return None
     if dead_trainers:
         summary["trainers_died"] = sorted(dead_trainers)
+    summary.update(extra or {})
     if start is not None and end is not None:
         tx = [e[0] - s[0] for s, e in zip(start, end)]
         rx = [e[1] - s[1] for s, e in zip(start, end)]
@@ -149,7 +153,7 @@ def write_summary_file(path: Path, summary: dict, otherwise: str) -> bool:
 
 
 def write_failure(run_dir: str, cfg, message: str, failed=None, machines=None,
-                  trainers=None) -> dict:
+                  trainers=None, extra: Optional[dict] = None) -> dict:
     """summary.json of a run that did not finish: status failed, and why (benchmarks read it)."""
     path = Path(run_dir) / "summary.json"
     summary = {}
@@ -163,7 +167,7 @@ def write_failure(run_dir: str, cfg, message: str, failed=None, machines=None,
             "net_bytes_total": None, "net_bytes_per_batch": None}
     # a pipeline that stopped itself (e.g. diverged) wrote why; that is the error to report
     own = summary.get("error") if summary.get("status") == "failed" else None
-    summary = {**base, **summary, "status": "failed", "error": own or message}
+    summary = {**base, **summary, **(extra or {}), "status": "failed", "error": own or message}
     if own and own != message:
         summary["stopped_by"] = message
     for k, v in progress_of(run_dir).items():  # the epochs done stay in the summary
@@ -251,6 +255,19 @@ def _graph_name(plan: Plan) -> Optional[str]:
         return None
 
 
+def launcher_keys(sup: Supervisor, limits: MachineLimits) -> dict:
+    """The launcher's summary keys of memory: every process's peak RSS (servers included;
+    `peak_rss_mb_server` their largest), and with machine limits the limits and each machine's
+    peak (its cgroup's max usage)."""
+    peaks = sup.peaks_mb()
+    servers = [v for k, v in peaks.items() if k.startswith("server") and v is not None]
+    out = {"peak_rss_mb_per_process": peaks or None,
+           "peak_rss_mb_server": max(servers) if servers else None}
+    if limits.dirs:
+        out.update(limits.summary())
+    return out
+
+
 def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
     cl = cfg.cluster
     cwd = os.getcwd()
@@ -258,6 +275,8 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
         command: Callable = lambda p: p.argv
         on_stop = None
         counters = None
+        limits = MachineLimits(len(plan.machines), cl.get("memory_per_machine"),
+                               cl.get("cpus_per_machine"))
         if cl.kind == "netns":
             net = NetnsCluster(len(plan.machines), cl.subnet, cl.bandwidth)
             up = lambda: [f"netns machines {', '.join(net.ns)} and bridge {net.bridge}"]
@@ -271,6 +290,9 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
                 + (f", {cl.bandwidth} per link" if cl.bandwidth else ""))
             command = lambda p: [*net.prefix(p.machine, cwd), *p.argv]
             counters = net.counters
+            if limits.active:
+                stack.enter_context(limits)  # removed before the cluster (last in, first out)
+                say(f"machine limits: {limits.describe()}")
         elif cl.kind == "local" and isolated(cl):
             machine = stack.enter_context(PrivateMachine())
             say("local machine in private network, /dev/shm and IPC namespaces "
@@ -312,23 +334,26 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
                          stop_grace_s=cl.stop_grace_s, hang_timeout_s=cl.hang_timeout_s,
                          console=getattr(out, "buffer", None), say=say,
                          tolerate_trainer_faults=tolerates_trainer_faults(cfg),
-                         signals=signals)
+                         signals=signals, local_pids=cl.kind != "ssh",
+                         enter=(lambda p: limits.enter(p.machine)) if limits.dirs else None,
+                         limits=limits if limits.dirs else None)
         signals.leftovers.append(lambda: [f"processes {', '.join(sup.left_running())}"]
                                  if sup.left_running() else [])
         say(f"{len(plan.procs)} processes ({len(plan.servers())} servers, "
             f"{len(plan.trainers())} trainers); logs in {run_dir}")
         outcome = sup.run()
         end = counters() if counters else None
+        extra = launcher_keys(sup, limits)
         say(f"{len(plan.procs)} processes started in {outcome.started_s:.2f}s, "
             f"stopped in {outcome.stop_s:.2f}s")
     if not outcome.ok:
         failure = write_failure(run_dir, cfg, outcome.message, outcome.failed, len(plan.machines),
-                                len(plan.trainers()))
+                                len(plan.trainers()), extra=extra)
         # the fault is the last line: what the stopped processes and the clean-up said is above
         say(f"run failed: {failure['error']}")
         return outcome.returncode if outcome.returncode and outcome.returncode > 0 else 1
     summary = finalize_summary(run_dir, start, end,
-                               dead_trainers=[p.index for p in outcome.dead_trainers])
+                               dead_trainers=[p.index for p in outcome.dead_trainers], extra=extra)
     if summary is None:
         say(f"trainers done, but rank 0 wrote no {run_dir}/summary.json")
     else:

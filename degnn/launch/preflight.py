@@ -47,6 +47,9 @@ def check_config(cfg) -> None:
         where = key.rsplit(".", 1)[0] if "." in key else "the top level"
         raise LaunchError(f"+{key}: the config has no such key; remove it or fix its spelling "
                           f"({where} has {', '.join(known)})")
+    from degnn.pipelines import typed_config
+
+    typed_config(cfg)  # the pipeline's own keys, by its class's schema (ValueError naming the key)
     _int_at_least(cfg, "train.epochs", 1, " (the number of epochs to train)")
     _int_at_least(cfg, "train.batch_size", 1)
     _int_at_least(cfg, "train.eval_batch_size", 1)
@@ -89,6 +92,9 @@ def check_config(cfg) -> None:
 
         if parse_rate(str(cl.bandwidth)) <= 0:
             raise LaunchError(f"cluster.bandwidth={cl.bandwidth}: must be a positive rate")
+    from .limits import check_limits
+
+    check_limits(cl)
     if cl.get("ifname") and cl.kind != "ssh":
         where = ("every netns machine's interface is eth0" if cl.kind == "netns"
                  else "a local run stays on loopback")

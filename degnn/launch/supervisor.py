@@ -26,11 +26,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, IO, List, Optional
+from typing import Callable, IO, List, Optional, Tuple
 
 from degnn.proc import die_with_parent
 
-from .faults import disk_note, first_error, is_banner, oom_counts, oom_note
+from .faults import disk_note, first_error, is_banner, killed_rss_kb, oom_counts, oom_note
 from .hang import HangWatch, process_state
 from .plan import Plan, Proc, child_env
 
@@ -116,10 +116,60 @@ class Running:
     popen: subprocess.Popen
     log: IO[bytes]
     tee: Optional[threading.Thread] = None
+    # peak resident set (KiB): /proc VmHWM sampled while it runs, and wait4's ru_maxrss once
+    # reaped where that says more. ru_maxrss also covers the forked launcher before the exec,
+    # so it counts only above `floor_kb` (the launcher's own VmHWM when it forked): max(before,
+    # own) > before means it is the process's own peak.
+    peak_kb: Optional[int] = None
+    floor_kb: int = 0
+    final: bool = False  # the peak it left at exit has been read
 
     @property
     def rc(self) -> Optional[int]:
-        return self.popen.poll()
+        """The exit status, once reaped here with wait4 (which also gives the peak RSS)."""
+        p = self.popen
+        if p.returncode is None:
+            try:
+                pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere
+                return p.poll()
+            if pid == p.pid:
+                p.returncode = os.waitstatus_to_exitcode(status)
+                if usage.ru_maxrss > self.floor_kb:
+                    self.peak_kb = max(self.peak_kb or 0, usage.ru_maxrss)
+        return p.returncode
+
+    def sample_peak(self) -> Optional[int]:
+        """The peak RSS so far (KiB): /proc/<pid>/status VmHWM while it runs; once it is gone,
+        what it left as it exited (`<heartbeat>.peak`, degnn/runtime/heartbeat.py) or, killed
+        by the OOM killer, the kernel's record of it."""
+        if self.popen.returncode is None:
+            hwm = vm_hwm_kb(self.popen.pid)
+            if hwm is not None:
+                self.peak_kb = max(self.peak_kb or 0, hwm)
+        elif not self.final:
+            self.final = True
+            left = None
+            try:
+                with open(self.proc.heartbeat + ".peak") as f:
+                    left = int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                if self.popen.returncode == -signal.SIGKILL:
+                    left = killed_rss_kb(self.popen.pid)
+            if left:
+                self.peak_kb = max(self.peak_kb or 0, left)
+        return self.peak_kb
+
+
+def vm_hwm_kb(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 @dataclass
@@ -194,8 +244,17 @@ class Supervisor:
                  stop_grace_s: float = 5.0, poll_s: float = 0.5, hang_timeout_s: float = 0,
                  server_grace_s: float = 30, console: Optional[IO[bytes]] = None,
                  tee_rank: Optional[int] = 0, say: Callable[[str], None] = None,
-                 tolerate_trainer_faults: bool = False, signals: Optional[Signals] = None):
+                 tolerate_trainer_faults: bool = False, signals: Optional[Signals] = None,
+                 enter: Optional[Callable[[Proc], None]] = None, limits=None,
+                 local_pids: bool = True):
         self.plan = plan
+        # run in each child between fork and exec (the machine's cgroups: limits.MachineLimits)
+        self.enter = enter
+        # the machines' limits (limits.MachineLimits): who ran out of memory
+        self.limits = limits
+        # whether a started pid is the process itself (local, netns: nsenter execs it), so its
+        # peak RSS can be read (not an ssh client's)
+        self.local_pids = local_pids
         # the launcher's signal policy (installed by it); None: run() installs one of its own
         self.signals = signals
         self.muted = threading.Event()  # set once the run is being stopped (see _copy)
@@ -220,12 +279,19 @@ class Supervisor:
         os.makedirs(os.path.dirname(proc.log), exist_ok=True)
         log = open(proc.log, "ab")
         tee = proc.role == "trainer" and proc.index == self.tee_rank
+        enter = self.enter
+
+        def preexec():
+            die_with_parent()
+            if enter is not None:
+                enter(proc)
+
         popen = subprocess.Popen(
             self.command(proc), env=child_env({**proc.env, "DEGNN_LAUNCHER_PID": str(os.getpid())}),
             cwd=self.cwd,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if tee else log,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
-        r = Running(proc, popen, log)
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec)
+        r = Running(proc, popen, log, floor_kb=vm_hwm_kb(os.getpid()) or 1 << 40)
         if tee:
             # started by run() once every process is forked (no fork while a thread runs)
             r.tee = threading.Thread(target=_copy, args=(popen.stdout, log, self.console,
@@ -235,7 +301,7 @@ class Supervisor:
     # ---- stopping ---------------------------------------------------------------------------
     def _signal_all(self, sig: int) -> None:
         for r in self.running:
-            if r.popen.poll() is None:
+            if r.rc is None:
                 try:
                     os.killpg(r.popen.pid, sig)
                 except (ProcessLookupError, PermissionError):
@@ -243,18 +309,20 @@ class Supervisor:
 
     def stop_all(self, grace_s: float = 5.0) -> None:
         """SIGTERM everything still running, SIGKILL what is left after `grace_s`, reap all."""
+        if self.local_pids:
+            for r in self.running:
+                r.sample_peak()
         self._signal_all(signal.SIGTERM)
         if self.on_stop is not None:
             self.on_stop()
         deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(r.popen.poll() is None for r in self.running):
+        while time.monotonic() < deadline and any(r.rc is None for r in self.running):
             time.sleep(0.1)
         self._signal_all(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(r.rc is None for r in self.running):
+            time.sleep(0.05)
         for r in self.running:
-            try:
-                r.popen.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
             # the process group may outlive its leader (a forked child): kill it too
             try:
                 os.killpg(r.popen.pid, signal.SIGKILL)
@@ -305,12 +373,51 @@ class Supervisor:
         return out
 
     def describe(self, r: Running, rc: int) -> str:
-        """How a process ended, with the kernel's word where it killed it for memory."""
+        """How a process ended, with the kernel's word where it killed it for memory (its
+        machine's limit, else the host's record: faults.oom_note)."""
+        if rc == -signal.SIGKILL and self.limits is not None and self.limits.oom_kills(r.proc.machine):
+            from .limits import fmt_size
+
+            return (f"ran out of its machine's memory (machine {r.proc.machine}: "
+                    f"cluster.memory_per_machine={fmt_size(self.limits.memory)}; killed by the "
+                    f"kernel's OOM killer)")
         oom = oom_note(r.popen.pid, self._oom0) if rc == -signal.SIGKILL else None
         return describe_rc(rc, oom)
 
     def left_running(self) -> List[str]:
-        return [f"{r.proc.name} pid {r.popen.pid}" for r in self.running if r.popen.poll() is None]
+        return [f"{r.proc.name} pid {r.popen.pid}" for r in self.running if r.rc is None]
+
+    def peaks_mb(self) -> dict:
+        """Every process's peak RSS in MiB (`trainer<R>`, `server<S>`); {} where the pids are not
+        the processes (ssh)."""
+        if not self.local_pids:
+            return {}
+        out = {}
+        for r in self.running:
+            kb = r.sample_peak()
+            name = f"trainer{r.proc.index}" if r.proc.role == "trainer" else f"server{r.proc.index}"
+            out[name] = round(kb / 1024, 1) if kb else None
+        return out
+
+    def memory_fault(self) -> Optional[Tuple[str, Optional[Running]]]:
+        """The one line of a machine that ran out of its memory limit and the process the
+        kernel killed there, or None."""
+        if self.limits is None:
+            return None
+        machines = self.limits.out_of_memory()
+        if not machines:
+            return None
+        from .limits import fmt_size
+
+        m = machines[0]
+        held = [f"{r.proc.describe().split(' (')[0]} held {fmt_size((r.sample_peak() or 0) * 1024)}"
+                for r in self.running if r.proc.machine == m]
+        killed = [r for r in self.running if r.proc.machine == m and r.rc == -signal.SIGKILL]
+        names = [f"{r.proc.describe().split(' (')[0]} pid {r.popen.pid}" for r in killed]
+        return (f"machine {m} ran out of its {fmt_size(self.limits.memory)} "
+                f"(cluster.memory_per_machine): {', '.join(held)} at their peak RSS; the kernel's "
+                f"OOM killer killed {', '.join(names) or 'one of its processes'}; raise "
+                f"cluster.memory_per_machine or use more machines", killed[0] if killed else None)
 
     def _watch(self, out: Outcome) -> Outcome:
         trainers = [r for r in self.running if r.proc.role == "trainer"]
@@ -319,6 +426,9 @@ class Supervisor:
         warned = set()
         hang = HangWatch(self.hang_timeout_s) if self.hang_timeout_s else None
         while True:
+            if self.local_pids:
+                for r in self.running:
+                    r.sample_peak()
             failed = []
             for r in self.running:
                 rc = r.rc
@@ -416,6 +526,11 @@ class Supervisor:
 
     def _fault(self, out: Outcome, r: Running, rc: int) -> Outcome:
         p = r.proc
+        oom = self.memory_fault()
+        if oom is not None:
+            line, killed = oom
+            r = killed or r
+            return self._report(out, r, r.rc, f"{line}; log: {r.proc.log}; stopping every other process")
         return self._report(out, r, rc, (
             f"{p.describe()} pid {r.popen.pid} {self.describe(r, rc)}{_error_of(p.log)}; log: {p.log}"
             f"{disk_note(os.path.dirname(p.log))}; stopping every other process"))

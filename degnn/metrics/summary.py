@@ -63,6 +63,11 @@ class RunSummary:
     # seconds per batch by phase, mean over trainers (degnn.metrics.PhaseTimer)
     time_per_batch_s: Optional[Dict[str, float]] = None
     peak_rss_mb_trainer: Optional[float] = None
+    # set-up, before the first training batch (slowest trainer; bytes of all; largest peak RSS)
+    setup_s: Optional[float] = None
+    setup_bytes: Optional[int] = None
+    setup_net_bytes: Optional[int] = None
+    setup_peak_rss_mb: Optional[float] = None
     # synchronous pipelines: whether every trainer ends with bit-identical parameters (what a
     # gradient all-reduce guarantees; false means a trainer stepped on gradients of its own)
     params_agree: Optional[bool] = None
@@ -79,7 +84,8 @@ class RunSummary:
 
 # keys only the launcher writes (after the trainers, or instead of them when the run failed)
 LAUNCHER_KEYS = ("net_tx_bytes_per_machine", "net_rx_bytes_per_machine", "trainers_died",
-                 "stopped_by", "failed_process")
+                 "stopped_by", "failed_process", "peak_rss_mb_per_process", "peak_rss_mb_server",
+                 "memory_per_machine_mb", "cpus_per_machine", "machine_peak_memory_mb")
 
 
 def summary_keys(extra=None) -> List[str]:

@@ -48,6 +48,9 @@ class Pipeline:
     shortens_epochs = False
     # byte categories it counts besides degnn.metrics.summary.BYTE_CATEGORIES: name -> what
     byte_categories: Dict[str, str] = {}
+    # bytes its set-up moves that it counts apart from ctx.counter (LAMP's halo replica and
+    # history fill): added to the summary's setup_bytes
+    setup_bytes = 0
 
     @classmethod
     def prepare_launch(cls, cfg, task_overrides) -> List[str]:

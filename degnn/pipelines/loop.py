@@ -119,6 +119,7 @@ class EpochLoop:
         p, ctx, cfg, rec = self.p, self.ctx, self.cfg, self.record
         state = rec.state
         p.setup()
+        rec.mark_setup()
         self.resume()
         rec.write_config()
         wall0 = time.time() - state["wall_s"]  # wall time continues after a resume

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import resource
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -21,6 +20,7 @@ from omegaconf import OmegaConf
 from degnn.metrics import append_curve, breakdown_per_batch, read_curve, write_curve, write_summary
 from degnn.metrics.summary import NOT_PER_BATCH, RunSummary, to_dict
 from degnn.metrics.tracking import Tracker
+from degnn.runtime.heartbeat import peak_rss_kb
 from degnn.runtime.checkpoint import BEST_MODEL, CHECKPOINT, CheckpointError, check_resume, config_identity
 
 
@@ -68,6 +68,20 @@ def new_state() -> dict:
             "wire_train_bytes": 0, "wall_s": 0.0}
 
 
+def setup_keys(setups: List[dict]) -> dict:
+    """The summary's set-up keys from every trainer's `RunRecord.setup`: the slowest trainer's
+    seconds, the bytes of all, the largest peak."""
+    setups = [s for s in setups if s]
+    if not setups:
+        return {"setup_s": None, "setup_bytes": None, "setup_net_bytes": None,
+                "setup_peak_rss_mb": None}
+    net = [s["net"] for s in setups if s.get("net") is not None]
+    return {"setup_s": round(max(s["s"] for s in setups), 3),
+            "setup_bytes": int(sum(s["bytes"] for s in setups)),
+            "setup_net_bytes": int(sum(net)) if net else None,
+            "setup_peak_rss_mb": round(max(s["rss_mb"] for s in setups), 1)}
+
+
 class RunRecord:
     def __init__(self, pipeline):
         self.p = pipeline
@@ -76,6 +90,7 @@ class RunRecord:
         self.state = new_state()
         self.writer: Optional[bool] = None  # a driver may say who writes (else the pipeline's is_writer)
         self.wrote_summary = False
+        self.setup: dict = {}  # this trainer's set-up: seconds, bytes, peak memory (mark_setup)
         self.tracker = Tracker(self.run_dir, bool(self.cfg.train.tensorboard),
                                pipeline.task.metric, pipeline.log)
 
@@ -115,6 +130,19 @@ class RunRecord:
             kept = {rec[key]: rec for rec in read_curve(Path(self.cfg.resume)) if rec.get(key, 0) <= upto}
             write_curve(self.run_dir, [kept[k] for k in sorted(kept)])
             self.tracker.resumed(Path(self.cfg.resume), [kept[k] for k in sorted(kept)], key, upto)
+
+    def mark_setup(self) -> None:
+        """The end of this trainer's set-up, before its first training batch (and before a resume
+        restores counters): seconds since its DGL initialisation began (partition and DistGraph,
+        the pipeline's own set-up, the evaluator's), the bytes counted meanwhile (every category,
+        plus what the pipeline counts apart: `Pipeline.setup_bytes`), the bytes its machine sent
+        meanwhile (netns, on the machine's first trainer), its peak RSS so far."""
+        p, ctx = self.p, self.ctx
+        wire = p.wire.read()
+        self.setup = {"s": time.time() - (ctx.started or time.time()),
+                      "net": wire - ctx.started_wire if None not in (wire, ctx.started_wire) else None,
+                      "bytes": sum(ctx.counter.as_dict().values()) + int(p.setup_bytes),
+                      "rss_mb": peak_rss_kb() / 1024.0}
 
     def write_config(self) -> None:
         if self.writes:
@@ -159,7 +187,7 @@ class RunRecord:
         return {"bytes": self.ctx.counter.as_dict(), "batches": p.batches, "wire": p.wire_train_bytes,
                 "has_wire": p.wire.path is not None,
                 "timing": {"phases": dict(p.timer.total), **p.timed},
-                "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+                "rss_mb": peak_rss_kb() / 1024.0, "setup": self.setup,
                 **p.rank_stats()}
 
     def summary(self, ranks: List[dict], wall0: float, context: Optional[dict] = None) -> dict:
@@ -193,6 +221,7 @@ class RunRecord:
             net_bytes_per_batch=per_batch(wire) if on_netns else None,
             time_per_batch_s=breakdown_per_batch([r["timing"] for r in ranks if "timing" in r]),
             peak_rss_mb_trainer=round(max(r["rss_mb"] for r in ranks), 1),
+            **setup_keys([r.get("setup") or {} for r in ranks]),
             params_agree=len(set(digests)) == 1 if None not in digests else None,
             # a run whose processes fail never gets here (the launcher writes its summary); one
             # that stops on its own (diverged) says why

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import torch
 from omegaconf import DictConfig
@@ -28,6 +29,10 @@ class RunContext:
     heartbeat: Heartbeat = NULL
     # train.device (degnn/runtime/device.py)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    # unix time this trainer began its set-up (DGL's initialisation): the summary's setup_s
+    started: float = 0.0
+    # this machine's wire counter (bytes sent) then, on its first trainer: setup_net_bytes
+    started_wire: Optional[int] = None
 
     @property
     def is_rank0(self) -> bool:

@@ -10,6 +10,8 @@ its log). A small daemon thread rewrites the file every `interval_s` seconds, in
     trainer blocked in RPC or a collective stops beating too.
 The file holds "<beats> <unix time of the last beat>". The launcher (degnn/launch/hang.py) watches
 for the content to change and measures time on its own clock, so the hosts' clocks need not agree.
+As it exits, a process leaves its peak RSS beside it (`<name>.peak`, `write_peak`): the launcher
+samples every process's peak while it runs, and this covers its last moments.
 """
 from __future__ import annotations
 
@@ -79,6 +81,35 @@ class Heartbeat:
             self._written = count
         except OSError:
             pass  # a full or vanished run directory must not kill training
+
+
+def peak_rss_kb() -> int:
+    """This process's peak resident set in KiB: /proc's VmHWM (the peak of its own memory since
+    its exec), else getrusage's ru_maxrss (which also counts the parent it was forked from)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def peak_path(run_dir, name: str) -> Path:
+    """Where a process leaves its peak RSS as it exits (`<name>.peak`, KiB), for the launcher."""
+    return Path(run_dir) / HEARTBEAT_DIR / f"{name}.peak"
+
+
+def write_peak(run_dir, name: str) -> None:
+    try:
+        path = peak_path(run_dir, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{peak_rss_kb()}\n")
+    except OSError:
+        pass
 
 
 # what a context without a launcher-visible heartbeat uses (tests, single-process tools)

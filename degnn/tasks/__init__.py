@@ -47,21 +47,26 @@ class Task:
     def local_loader(self, graph, ids: torch.Tensor, batch_size: int):
         raise NotImplementedError
 
-    def whole_fields(self) -> List[str]:
-        """The node data whole-graph evaluation in one process needs besides the features."""
-        return []
-
-    def whole_train_ids(self, g, data: Dict[str, torch.Tensor]) -> torch.Tensor:
-        """Supervision ids of the whole DistGraph (`data`: the whole_fields of every node)."""
+    def all_train_ids(self, g, counter, category: str) -> torch.Tensor:
+        """Supervision ids of the whole DistGraph, read without a collective (LLCG's correction;
+        remote reads counted under `category`)."""
         raise NotImplementedError
 
-    def score_whole(self, h: torch.Tensor, data: Dict[str, torch.Tensor], model):
-        """(validation, test) of the last layer `h` of every node, in one process."""
+    def score_share(self, h, nids: torch.Tensor, share: int, shares: int, model, counter) -> Dict[str, list]:
+        """Metric sums of one share of the validation and test set, from the last layer `h` (a
+        DistTensor of every node): {"val": [sum, count], "test": [sum, count]}, where the metric
+        is sum / count over all shares together. Node task: the validation and test nodes among
+        `nids`; link task: share `share` of `shares` of the held-out edges. Remote reads are
+        counted under `eval`."""
         raise NotImplementedError
 
     def node_fields(self) -> List[str]:
         """The node data a trainer needs besides the features."""
         return []
+
+    def partition_fields(self) -> List[str]:
+        """The node data every partition must hold (checked when the DistGraph is up)."""
+        return ["feat"]
 
     # --- one batch --------------------------------------------------------------------------
     def inputs(self, batch, feat, label=None):

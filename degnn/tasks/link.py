@@ -37,7 +37,7 @@ from degnn.tasks.evaluation import gather_to_rank0, remote_rows
 
 # negatives per training positive (the paper's Uniform(k=1); BCE's pos_weight = k / 1 = 1)
 NEG_PER_POS = 1
-LINK_SPLIT = "link_split.pt"  # partitioners.writer.LINK_SPLIT (not imported: trainers need no partitioner)
+LINK_SPLIT = "link_split.pt"  # degnn.partition.writer.LINK_SPLIT (not imported: trainers need no partitioner)
 
 
 def local_edge_loader(graph, eids: torch.Tensor, fanouts, batch_size: int):
@@ -114,6 +114,31 @@ def local_ids(uniq: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(uniq, ids)
 
 
+def share_of(split, share: int, shares: int) -> Dict[str, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Share `share` of `shares` of every split's held-out edges (contiguous rows): {part: (src,
+    dst, negatives)}."""
+    out = {}
+    for p, d in split.items():
+        m = len(d["source_node"])
+        rows = slice(share * m // shares, (share + 1) * m // shares)
+        out[p] = (d["source_node"][rows], d["target_node"][rows], d["target_node_neg"][rows].long())
+    return out
+
+
+def share_ranks(h, links, pb, counter, decoder, beat=lambda: None) -> Dict[str, torch.Tensor]:
+    """The reciprocal ranks of `links` ({part: (src, dst, negatives)}) from the embeddings `h`
+    (a DistTensor of every node: one pull of the rows they need, remote ones counted under `eval`)."""
+    ids = torch.cat([t.reshape(-1) for edges in links.values() for t in edges])
+    uniq, rows = gather_rows(h, ids)
+    counter.add("eval", remote_rows(pb, uniq) * (h.shape[1] * 4 + 8))
+    out = {}
+    for part, edges in links.items():
+        src, dst, neg = (local_ids(uniq, t) for t in edges)
+        out[part] = reciprocal_ranks(*link_scores(decoder, rows, src, dst, neg))
+        beat()
+    return out
+
+
 class LinkScorer:
     """MRR of the validation and test edges: this trainer ranks its share of each (one pull of the
     embeddings they need), rank 0 averages everyone's reciprocal ranks."""
@@ -121,23 +146,13 @@ class LinkScorer:
     def __init__(self, ctx, split):
         self.ctx = ctx
         self.pb = ctx.graph.get_partition_book()
-        r, w = ctx.rank, ctx.world_size
-        self.links = {}
-        for p, d in split.items():  # this trainer's share of each split's edges (contiguous rows)
-            m = len(d["source_node"])
-            rows = slice(r * m // w, (r + 1) * m // w)
-            self.links[p] = (d["source_node"][rows], d["target_node"][rows], d["target_node_neg"][rows].long())
+        self.links = share_of(split, ctx.rank, ctx.world_size)
 
     def __call__(self, h, model, evaluate_fn):
-        ids = torch.cat([t.reshape(-1) for edges in self.links.values() for t in edges])
-        uniq, rows = gather_rows(h, ids)
-        self.ctx.counter.add("eval", remote_rows(self.pb, uniq) * (h.shape[1] * 4 + 8))
+        rr = share_ranks(h, self.links, self.pb, self.ctx.counter, model.decoder, self.ctx.heartbeat.beat)
         out = []
         for part in ("valid", "test"):
-            src, dst, neg = (local_ids(uniq, t) for t in self.links[part])
-            rr = reciprocal_ranks(*link_scores(model.decoder, rows, src, dst, neg))
-            self.ctx.heartbeat.beat()
-            gathered = gather_to_rank0(self.ctx, rr)
+            gathered = gather_to_rank0(self.ctx, rr[part])
             out.append(float(torch.cat(gathered).mean()) if gathered is not None else None)
         return out[0], out[1]
 
@@ -157,11 +172,13 @@ class LinkTask(Task):
             raise ValueError(f"dataset {ds.name}: degnn evaluates OGB link datasets by MRR against their "
                              f"negatives (ogbl-citation2); {ds.name} has another metric")
         self.part_config = None
+        self.pb = None
         self._split = None
         self.info: Dict[str, object] = {}
 
     def prepare(self, ctx, collective: bool = True) -> None:
         self.part_config = ctx.part_config
+        self.pb = ctx.graph.get_partition_book()
 
     @property
     def split(self):
@@ -183,13 +200,13 @@ class LinkTask(Task):
     def local_loader(self, graph, ids, batch_size: int):
         return local_edge_loader(graph, ids, self.cfg.model.fanouts, batch_size)
 
-    def whole_train_ids(self, g, data) -> torch.Tensor:
+    def all_train_ids(self, g, counter, category: str) -> torch.Tensor:
         return torch.arange(g.num_edges())
 
-    def score_whole(self, h, data, model):
-        fn = self.evaluate_fn()
-        return tuple(fn(*link_scores(model.decoder, h, d["source_node"], d["target_node"], d["target_node_neg"]))
-                     for d in (self.split["valid"], self.split["test"]))
+    def score_share(self, h, nids, share: int, shares: int, model, counter):
+        """The reciprocal ranks of share `share` of the held-out edges, summed."""
+        rr = share_ranks(h, share_of(self.split, share, shares), self.pb, counter, model.decoder)
+        return {key: [float(rr[part].sum()), len(rr[part])] for key, part in (("val", "valid"), ("test", "test"))}
 
     def inputs(self, batch, feat, label=None):
         """Batch (input_nodes, pos_graph, neg_graph, blocks): features only, the pairs are the targets."""

@@ -9,10 +9,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from degnn.data.evaluate import accuracy_evaluator
+from degnn.metrics import ID_BYTES
 from degnn.models import build_model
 from degnn.runtime.compat import DistNodeDataLoader, NeighborSampler
 from degnn.tasks import Task
-from degnn.tasks.evaluation import gather_to_rank0
+from degnn.tasks.evaluation import gather_to_rank0, remote_rows
 
 
 def num_classes_of(g, pb, counter=None, collective: bool = True) -> int:
@@ -66,11 +67,12 @@ class NodeTask(Task):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.num_classes = None
+        self.g = None
         self.label = None
         self._evaluate_fn = None
 
     def prepare(self, ctx, collective: bool = True) -> None:
-        g = ctx.graph
+        g = self.g = ctx.graph
         self.num_classes = num_classes_of(g, g.get_partition_book(), ctx.counter, collective)
         self.label = g.ndata["label"]
 
@@ -84,6 +86,9 @@ class NodeTask(Task):
     def node_fields(self) -> List[str]:
         return ["label", "train_mask"]
 
+    def partition_fields(self) -> List[str]:
+        return ["feat", "label", "train_mask", "val_mask", "test_mask"]
+
     def local_ids(self, graph, owned: Dict[str, torch.Tensor]) -> torch.Tensor:
         graph.ndata["label"] = owned["label"].long()
         return owned["train_mask"].bool().nonzero().squeeze(1)
@@ -92,16 +97,27 @@ class NodeTask(Task):
         return dgl.dataloading.DataLoader(graph, ids, NeighborSampler(list(self.cfg.model.fanouts)),
                                           batch_size=batch_size, shuffle=True, drop_last=False)
 
-    def whole_fields(self) -> List[str]:
-        return ["label", "val_mask", "test_mask", "train_mask"]
+    def all_train_ids(self, g, counter, category: str) -> torch.Tensor:
+        pb, n, ids = g.get_partition_book(), g.num_nodes(), []
+        for start in range(0, n, 65536):
+            nids = torch.arange(start, min(n, start + 65536))
+            ids.append(nids[g.ndata["train_mask"][nids].bool()])
+            counter.add(category, int((pb.nid2partid(nids) != pb.partid).sum()) * (ID_BYTES + 1))
+        return torch.cat(ids)
 
-    def whole_train_ids(self, g, data) -> torch.Tensor:
-        return data["train_mask"].bool().nonzero().squeeze(1)
-
-    def score_whole(self, h, data, model):
-        pred, label, fn = h.argmax(1), data["label"].long(), self.evaluate_fn()
-        val, test = (data[k].bool().nonzero().squeeze(1) for k in ("val_mask", "test_mask"))
-        return fn(label[val], pred[val]), fn(label[test], pred[test])
+    def score_share(self, h, nids, share: int, shares: int, model, counter):
+        """Accuracy (the dataset's evaluator) of the validation and test nodes among `nids`,
+        times their number."""
+        g, fn = self.g, self.evaluate_fn()
+        pb = g.get_partition_book()
+        out = {}
+        for key, mask in (("val", "val_mask"), ("test", "test_mask")):
+            ids = nids[g.ndata[mask][nids].bool()]
+            out[key] = [fn(self.label[ids].long(), h[ids].argmax(1)) * len(ids), len(ids)] if len(ids) else [0.0, 0]
+            # the mask of every node, then the label and the output row of each scored one
+            counter.add("eval", remote_rows(pb, nids) * (ID_BYTES + 1)
+                        + remote_rows(pb, ids) * (3 * ID_BYTES + h.shape[1] * 4))
+        return out
 
     def inputs(self, batch, feat, label=None):
         """Batch (input_nodes, seeds, blocks): the input nodes' features, the seeds' labels

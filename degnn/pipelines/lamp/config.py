@@ -36,3 +36,6 @@ class LAMPConfig(PipelineConfig):
     # torch.distributed; one trainer per machine; measured a little faster here, bench=lamp's
     # ablation-engine) or server (DGL's graph servers, over DGL RPC; any number of trainers)
     engine: str = "trainer"
+    # the set-up reads the halo nodes' features and fills the histories in pieces of this many
+    # MB (no whole halo or partition copy in flight beside what the machine keeps)
+    setup_chunk_mb: float = 32.0

@@ -25,6 +25,15 @@ from degnn.pipelines.lamp.quantize import check_bits, dequantize, quantize
 from degnn.pipelines.lamp.summary import LAMPSummary, lamp_summary
 
 GRAD_MODES = ("stop", "push")
+
+
+def chunks(n: int, row_bytes: int, chunk_bytes: int):
+    """Slices of range(n) of about `chunk_bytes` worth of rows each (at least one row): the
+    set-up's reads stream in such pieces (pipeline.setup_chunk_mb)."""
+    step = max(1, int(chunk_bytes) // max(1, row_bytes))
+    for lo in range(0, n, step):
+        yield slice(lo, min(n, lo + step))
+
 ENGINES = ("server", "trainer")
 
 
@@ -69,6 +78,9 @@ def check_lamp_config(pcfg, model_cfg) -> None:
     if pcfg.prefetch < 0:
         raise ValueError(f"pipeline.prefetch must be >= 0 (batches whose requests are in flight ahead), "
                          f"got {pcfg.prefetch}")
+    if not pcfg.setup_chunk_mb > 0:
+        raise ValueError(f"pipeline.setup_chunk_mb must be > 0 (MB of halo features or history rows "
+                         f"the set-up reads at once), got {pcfg.setup_chunk_mb}")
 
 
 def pipelined(items: list, k: int, issue, complete, timer):
@@ -120,6 +132,7 @@ class LAMPPipeline(Pipeline):
         self.bits, self.L = int(pcfg.bits), int(cfg.model.layers)
         self.fanouts = [int(f) for f in cfg.model.fanouts]
         self.prefetch, self.fused, self.push = int(pcfg.prefetch), bool(pcfg.fusion), pcfg.grad == "push"
+        self.chunk_bytes = int(float(pcfg.setup_chunk_mb) * 2**20)
         self.pb = self.ctx.graph.get_partition_book()
         self.me = self.pb.partid
         self.leader = self.ctx.local_rank == 0  # sets up this machine's owners, ships weights, syncs halos
@@ -194,10 +207,17 @@ class LAMPPipeline(Pipeline):
         self.local_label = None if self.link else g.ndata["label"].local_partition
         self.halo = HaloSync(self.lg, self.pb, self.L, int(cfg.train.seed) + self.ctx.rank, cfg.pipeline.sync_budget,
                              int(cfg.pipeline.weight_sync_steps) + self.prefetch)
-        self.halo_x = torch.zeros(self.lg.num_nodes, self.in_dim)
-        self.halo_x[self.halo.local] = g.ndata["feat"][self.halo.gid].float()
+        self.halo_x = self._copy_halo(g.ndata["feat"])
         self.setup_bytes = (len(self.halo.gid) * (8 + self.in_dim * 4)) if self.leader else 0
         self.boundary = self._boundary()
+
+    def _copy_halo(self, feat) -> torch.Tensor:
+        """The halo nodes' input features by local id (rows of own nodes stay zero), pulled from
+        their owners in pieces of pipeline.setup_chunk_mb."""
+        halo_x = torch.zeros(self.lg.num_nodes, self.in_dim)
+        for part in chunks(len(self.halo.gid), self.in_dim * 4, self.chunk_bytes):
+            halo_x[self.halo.local[part]] = feat[self.halo.gid[part]].float()
+        return halo_x
 
     def _boundary(self) -> torch.Tensor:
         """Own nodes that other machines hold as halo nodes: the only own history rows anyone
@@ -236,16 +256,18 @@ class LAMPPipeline(Pipeline):
         dist.barrier()
 
     def _init_histories(self) -> None:
-        """h^(1..L-2) of every node of this partition from one whole-graph layer-wise pass."""
+        """h^(1..L-2) of every node of this partition from one whole-graph layer-wise pass, read
+        and stored in pieces (`chunks`)."""
         outputs = self.evaluator.inference()  # every trainer: collective
         if not self.leader:
             return
-        rows = []
         for layer in range(1, self.L - 1):
-            h = outputs[layer - 1][self.lg.nid]
-            self.setup_bytes += int((~self.lg.inner).sum()) * (8 + h.shape[1] * 4)
-            rows.append(HistoryRows.of(layer, torch.arange(self.lg.num_nodes), h, 0, self.bits))
-        self.owners.init_history(rows)
+            out = outputs[layer - 1]
+            dim = out.shape[1]
+            self.setup_bytes += int((~self.lg.inner).sum()) * (8 + dim * 4)
+            for part in chunks(self.lg.num_nodes, dim * 4, self.chunk_bytes):
+                ids = torch.arange(part.start, part.stop)
+                self.owners.init_history([HistoryRows.of(layer, ids, out[self.lg.nid[part]], 0, self.bits)])
 
     def _ship_weights(self, wait: bool) -> None:
         """The weights the owners compute with (every layer but the top), with their version."""
@@ -467,7 +489,7 @@ class LAMPPipeline(Pipeline):
 
     def rank_stats(self) -> dict:
         return {"ages": self.ages, "stats": {**self.stats, "rounds": self.owners.rounds, "sync_rows": self.halo.rows},
-                "local": self.owners.local_bytes, "setup": self.setup_bytes, "fusion": self.fusion,
+                "local": self.owners.local_bytes, "fusion": self.fusion,
                 "edges": getattr(self, "edge_stats", None)}
 
     def summary_extra(self, ranks: List[dict], context: dict) -> LAMPSummary:

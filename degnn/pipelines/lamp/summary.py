@@ -34,12 +34,11 @@ class LAMPSummary:
     owner_nodes_computed_per_batch: float
     trainer_cg_nodes_per_batch: float
     local_bytes_by_category: Dict[str, int]
-    setup_bytes: int
     edges_kept_fraction: Optional[float]
 
 
 def lamp_summary(ranks: List[dict], p, bits: int) -> LAMPSummary:
-    """`ranks`: every trainer's {ages, stats, local, setup, batches, fusion}; `p`: pipeline config."""
+    """`ranks`: every trainer's {ages, stats, local, batches, fusion}; `p`: pipeline config."""
     batches = sum(r["batches"] for r in ranks) or 1
     age_sum = sum(r["ages"][0] for r in ranks)
     age_cnt = sum(r["ages"][1] for r in ranks)
@@ -81,7 +80,6 @@ def lamp_summary(ranks: List[dict], p, bits: int) -> LAMPSummary:
             "owner_nodes_computed_per_batch": stat["owner_nodes"] / batches,
             "trainer_cg_nodes_per_batch": stat["cg_nodes"] / batches,
             "local_bytes_by_category": local,
-            "setup_bytes": sum(r["setup"] for r in ranks),
             # link prediction: the share of the partitions' edges that supervise (both endpoints
             # owned by the machine, pipeline._split_edges)
             "edges_kept_fraction": (sum(r["edges"][0] for r in ranks) / max(1.0, sum(r["edges"][1] for r in ranks))

@@ -14,15 +14,17 @@ edges dropped, no feature traffic), replaced by the mean of the live trainers' m
 A round (rounds.py drives it, service.py has the protocol): every trainer trains for `sync_every`
 of wall time at its own pace (this class's `step`, finishing the step under way), submits its
 parameters to the averaging service on graph server 0 and gets the (by default unweighted) mean
-of whoever submitted by the deadline; its Adam state stays its own. The lowest contributing rank
-then evaluates the averaged model on the whole graph (`evaluate`, whole.py) while the others
-wait, so evaluation is outside everyone's training clock (the paper's clock), and releases the
-round. Round 0 only hands every trainer the lowest rank's initial weights and starts the clocks
-together. The last round ends at `time_limit`.
+of whoever submitted by the deadline; its Adam state stays its own. Then the live trainers
+evaluate the averaged model together (evaluation.py: layer-wise full-neighbour inference on the
+DistGraph, each trainer computing units of nodes the coordinator hands out, no process holding the
+whole graph), outside everyone's training clock (the paper's clock); the lowest contributing rank
+leads: it records the round and releases it. Round 0 only hands every trainer the lowest rank's
+initial weights and starts the clocks together. The last round ends at `time_limit`.
 
 No torch.distributed at all (Pipeline.tolerates_trainer_faults): a trainer that dies is left out of
-the next deadline, a dead evaluator is replaced, and the launcher lets the run finish and stops the
-servers. `drop_parts` is the paper's simulated failure: those machines' trainers never train.
+the next deadline, its share of an evaluation goes to a live one, a dead lead is replaced, and the
+launcher lets the run finish and stops the servers. `drop_parts` is the paper's simulated failure:
+those machines' trainers never train (the others evaluate their partitions).
 
 The task (degnn/tasks) decides the supervision: node classification on each subgraph's training
 nodes, or link prediction (the paper's own task) on its edges, one uniform local negative each;
@@ -54,6 +56,7 @@ from degnn.config import CONF_DIR
 from degnn.pipelines.base import Pipeline
 
 from .config import TMAConfig
+from .evaluation import SharedEvaluation
 from .local import build_local_data
 from .rounds import Replaced, RoundLoop
 from .service import CoordinatorClient
@@ -103,6 +106,8 @@ class TMASummary:
     # what the induced subgraphs keep of the graph's edges (cut edges are dropped)
     edges_kept_fraction: float
     train_ids_per_trainer: Dict[str, int] = field(default_factory=dict)
+    # the last evaluation's scored validation and test nodes (link task: edges), over every unit
+    eval_counts: Dict[str, int] = field(default_factory=dict)
 
 
 class TMAPipeline(Pipeline):
@@ -184,11 +189,13 @@ class TMAPipeline(Pipeline):
         self.label = self.local.graph.ndata.get("label")
         self.weight = 1.0 if p.weighting == "uniform" else float(n_train)
         self.train_s = 0.0  # this trainer's own time in local training steps
-        self.whole = None  # built when this trainer first evaluates
         self.corrector = None
         self.last_beat = 0.0
         self.eval_round: Optional[int] = None  # the round this trainer evaluates now
         self.kill_at = parse_duration(p.kill_at) if p.kill_rank == ctx.rank else None
+        # every trainer makes the evaluation's DistTensors together (a DGL barrier), dropped ones too
+        self.evaluation = SharedEvaluation(g, task, ctx.counter, cfg.train.eval_batch_size)
+        task.evaluate_fn()  # the dataset's evaluator (OGB's), built once before the clocks start
         g_local = self.local.graph
         self.log.info("tma/%s: partition %d%s: %d nodes, %d of %d edges kept (cross-partition edges "
                       "dropped), %d train %s; %s, %d parameters; %d rounds of %.0fs",
@@ -204,7 +211,8 @@ class TMAPipeline(Pipeline):
         p = self.cfg.pipeline
         return {"active": self.active, "start_timeout_s": start_timeout_s,
                 "round_timeout_s": parse_duration(p.round_timeout),
-                "evaluator_timeout_s": parse_duration(p.evaluator_timeout)}
+                "evaluator_timeout_s": parse_duration(p.evaluator_timeout),
+                "corrects": p.variant == "llcg" and p.corr_steps > 0, **self.evaluation.plan()}
 
     def round_bytes(self) -> int:
         """Averaging bytes of one trainer a round: parameters up, the mean down (LLCG: the
@@ -245,8 +253,10 @@ class TMAPipeline(Pipeline):
             logging.shutdown()
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def maybe_die_in_eval(self, r: int) -> None:
-        if self.cfg.pipeline.kill_during == "eval":
+    def maybe_die_in_eval(self, r: int, phase: int) -> None:
+        """kill_during=eval: in the evaluation's second phase (the first layer's rows are all
+        written), once this trainer has written a batch of its unit."""
+        if self.cfg.pipeline.kill_during == "eval" and phase == min(1, self.evaluation.phases - 1):
             self._maybe_die(self.train_s, f"the evaluation of round {r}")
 
     def rank_stats(self) -> dict:
@@ -262,38 +272,41 @@ class TMAPipeline(Pipeline):
         return self.eval_round is not None
 
     def beat(self) -> None:
-        """The evaluator's heartbeat to the coordinator (Replaced when the round went to another)."""
+        """The lead's heartbeat to the coordinator (Replaced when the round went to another)."""
         now = time.time()
         if now - self.last_beat >= BEAT_EVERY_S and self.eval_round is not None:
             self.last_beat = now
-            if self.client.call("beat", self.eval_round).status != "ok":
+            if self.client.call("beat", self.eval_round, category=None).status != "ok":
                 raise Replaced()
-
-    def _whole(self):
-        if self.whole is None:
-            from .whole import WholeGraph
-
-            self.whole = WholeGraph(self.ctx.graph, self.ctx.counter, self.beat, self.task)
-            self.log.info("tma: whole graph fetched for evaluation in %.1fs (%d nodes, %d edges)",
-                          self.whole.fetch_s, self.whole.graph.num_nodes(), self.whole.graph.num_edges())
-        return self.whole
 
     def correct(self) -> Optional[torch.Tensor]:
         """LLCG: `corr_steps` whole-graph steps on the averaged model (loaded); None otherwise."""
         p = self.cfg.pipeline
         if p.variant != "llcg" or p.corr_steps <= 0:
             return None
-        whole = self._whole()
         if self.corrector is None:
-            from .whole import Corrector
+            from .evaluation import Corrector
 
-            self.corrector = Corrector(self.ctx.graph, self.cfg, self.in_dim, self.task, whole, self.ctx.counter)
+            self.corrector = Corrector(self.ctx.graph, self.cfg, self.in_dim, self.task, self.ctx.counter)
         corrected = self.corrector.correct(self.flat(), p.corr_steps, self.beat)
         self.load_flat(corrected)
         return corrected
 
-    def evaluate(self):
-        return self._whole().evaluate(self.model, self.task)
+    def eval_unit(self, r: int, phase: int, unit: int) -> Optional[dict]:
+        """One unit of round r's evaluation: a layer's rows ({}) or the scoring's metric sums;
+        None when the coordinator gave the unit to another trainer meanwhile."""
+        def still_mine() -> bool:
+            return self.client.call("beat", r, meta={"unit": unit}, category=None).status == "ok"
+
+        self.model.eval()
+        try:
+            if phase < self.evaluation.layers:
+                done = self.evaluation.layer(self.model, phase, unit, still_mine,
+                                             lambda: self.maybe_die_in_eval(r, phase))
+                return {} if done else None
+            return self.evaluation.score(self.model, unit)
+        finally:
+            self.model.train()
 
     # --- the summary (written by the last round's evaluator, from every trainer's stats) -----------------
     def summary_extra(self, ranks: List[dict], context: dict) -> TMASummary:
@@ -326,4 +339,5 @@ class TMAPipeline(Pipeline):
             correction_bytes=int(cats.get("correction", 0)), best_round=context["state"]["best_epoch"],
             edges_kept_fraction=(sum(s.get("edges", 0) for s in ranks)
                                  / max(1, sum(s.get("edges_total", 0) for s in ranks))),
-            train_ids_per_trainer={k: s.get("train_ids", 0) for k, s in by_rank.items()})
+            train_ids_per_trainer={k: s.get("train_ids", 0) for k, s in by_rank.items()},
+            eval_counts=dict(context["state"].get("eval_counts") or {}))

@@ -36,11 +36,13 @@ class TMAConfig(PipelineConfig):
     drop_parts: List[int] = field(default_factory=list)
     # a round closes without a trainer that has not submitted this long after the first one did
     round_timeout: str = "5s"
-    # the evaluating trainer is declared dead after this long without a heartbeat
+    # a trainer the evaluation waits for (its lead, a worker holding a unit, the trainer of a
+    # partition whose units nobody took) is declared dead after this long without a heartbeat
     evaluator_timeout: str = "60s"
     # fault injection (benchmarks, tests): trainer `kill_rank` SIGKILLs itself once it has trained
     # for `kill_at` (a real death: no clean-up, nothing said to anyone)
     kill_rank: Optional[int] = None
     kill_at: str = "0s"
-    # train: at the first step past `kill_at`; eval: in the first evaluation it leads after that
+    # train: at the first step past `kill_at`; eval: in the first evaluation after that, holding a
+    # unit of its second phase
     kill_during: str = "train"

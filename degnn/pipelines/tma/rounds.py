@@ -5,11 +5,13 @@ One round r (service.py has the protocol on graph server 0):
 
     train: the pipeline's steps for `sync_every` of wall time (the step under way is finished)
     -> submit the flat parameters and this trainer's stats -> poll until the round closes and
-    take the mean of whoever submitted in time -> the round's evaluator (the lowest contributing
-    rank) corrects (LLCG), evaluates the mean on the whole graph, writes the curve line, the best
-    model and the shared checkpoint, and releases the round; the others poll until it does (a
-    dead evaluator is replaced) -> each trainer saves its own model and optimizer -> poll until
-    every live trainer has the released weights, and the next round starts.
+    take the mean of whoever submitted in time -> the evaluation (`evaluate_round`): every live
+    trainer computes the units of it the coordinator hands out (layer rows, then scores; LLCG:
+    once the round's lead, the lowest contributing rank, has corrected the mean); the lead gets
+    the metric over every unit, writes the curve line, the best model and the shared checkpoint,
+    and releases the round (a dead lead or worker is replaced) -> each trainer saves its own
+    model and optimizer -> poll until every live trainer has the released weights, and the next
+    round starts.
 
 Round 0 only hands every trainer the lowest rank's initial weights and starts the clocks
 together. The last round's evaluator writes the summary from the coordinator's stats.
@@ -29,6 +31,8 @@ from .service import end_diverged
 
 # round 0 waits this long for every trainer to come up (DGL start-up on a loaded machine)
 START_TIMEOUT_S = 180.0
+# the first wait between two asks for evaluation work (doubling up to the client's poll_s)
+EVAL_POLL_MIN_S = 0.005
 
 
 def rank_file(rank: int) -> str:
@@ -64,10 +68,11 @@ class RoundLoop:
     def run(self) -> dict:
         p, ctx = self.p, self.ctx
         p.setup()
+        self.record.mark_setup()
         self.client = p.client
         self.wall0 = time.time()
         state = self.record.state
-        state.update(trainers_alive=None, coordinator_log=[])
+        state.update(trainers_alive=None, coordinator_log=[], eval_counts={})
         start_round = self.resume()
         self.client.call("hello", 0, meta=p.coordinator_settings(START_TIMEOUT_S))
         if p.dropped:
@@ -114,25 +119,7 @@ class RoundLoop:
             return False
         round_s = time.time() - t0
         p.load_flat(res.tensor)
-        meta = res.meta
-        while True:
-            if meta.get("evaluator") == ctx.rank:
-                try:
-                    self.lead_round(r, meta, round_s)
-                    break
-                except Replaced:
-                    p.eval_round = None
-                    p.log.warning("round %d: evaluation handed to another trainer", r)
-                    p.load_flat(res.tensor)
-            rel = self.client.wait("poll_release", r, ("released", "evaluate"), category=None)
-            if rel.status == "evaluate":  # the evaluator died: this trainer takes over
-                p.log.warning("round %d: taking over evaluation from rank %s", r, meta.get("evaluator"))
-                meta = {**rel.meta, "evaluator": ctx.rank}
-                continue
-            if rel.tensor.numel():
-                p.load_flat(rel.tensor)  # LLCG's corrected weights
-            state.update(rel.meta["state"])
-            break
+        self.evaluate_round(r, round_s)
         self.save_own(r)
         p.all_trainers_alive = bool(state.get("all_alive"))
         return True
@@ -145,26 +132,85 @@ class RoundLoop:
         losses = [s["loss"] for s in stats.values() if isinstance(s.get("loss"), float) and not math.isnan(s["loss"])]
         return sum(losses) / len(losses) if losses else None
 
-    # --- the evaluator's part of a round ----------------------------------------------------------
-    def lead_round(self, r: int, meta: dict, round_s: float) -> None:
-        """Correct (LLCG), evaluate the averaged model of round r, record it and release the round."""
-        p, rec = self.p, self.record
-        state = rec.state
+    # --- the evaluation -------------------------------------------------------------------------
+    def evaluate_round(self, r: int, round_s: float) -> None:
+        """Round r's evaluation as the coordinator directs it, until the round is released."""
+        p, ctx = self.p, self.ctx
+        told = False  # logged that this trainer took the lead over
+        idle_s = EVAL_POLL_MIN_S  # waits grow while there is nothing to do (a phase's stragglers)
+        while True:
+            res = self.client.call("eval_poll", r, category=None)
+            if res.status in ("lead", "scored") and res.meta["first_evaluator"] != ctx.rank and not told:
+                told = True
+                p.log.warning("round %d: taking over evaluation from rank %s", r, res.meta["first_evaluator"])
+            if res.status == "wait":
+                time.sleep(idle_s)
+                idle_s = min(2 * idle_s, self.client.poll_s)
+                continue
+            idle_s = EVAL_POLL_MIN_S
+            if res.status == "lead":  # open the evaluation (LLCG: with the corrected mean)
+                p.load_flat(res.tensor)
+                try:
+                    self.open_evaluation(r)
+                except Replaced:
+                    p.log.warning("round %d: evaluation handed to another trainer", r)
+                finally:
+                    p.eval_round = None
+            elif res.status == "work":
+                if res.tensor.numel():
+                    p.load_flat(res.tensor)  # LLCG's corrected weights: the evaluated model
+                phase, unit = res.meta["phase"], res.meta["unit"]
+                partial = p.eval_unit(r, phase, unit)
+                if partial is None:
+                    p.log.warning("round %d: unit %d of phase %d handed to another trainer", r, unit, phase)
+                else:
+                    # with this trainer's fresh stats: the summary counts everyone's evaluation bytes
+                    self.client.call("eval_done", r, meta={"phase": phase, "unit": unit, "partial": partial,
+                                                           "stats": self.stats()}, category=None)
+            elif res.status == "scored":
+                if res.tensor.numel():
+                    p.load_flat(res.tensor)
+                try:
+                    self.lead_round(r, res.meta, round_s)
+                    return
+                except Replaced:
+                    p.log.warning("round %d: evaluation handed to another trainer", r)
+                finally:
+                    p.eval_round = None
+            else:  # released
+                if res.tensor.numel():
+                    p.load_flat(res.tensor)  # LLCG's corrected weights
+                self.record.state.update(res.meta["state"])
+                return
+
+    def open_evaluation(self, r: int) -> None:
+        """The lead opens round r's evaluation: LLCG corrects the mean first (its time counts as
+        training), and the corrected weights go to every trainer with its first unit."""
+        p = self.p
         p.eval_round, p.last_beat = r, 0.0
-        p.maybe_die_in_eval(r)
         t0 = time.time()
         corrected = p.correct()
-        corr_s = time.time() - t0 if corrected is not None else 0.0  # correction is LLCG's training
+        corr_s = time.time() - t0 if corrected is not None else 0.0
+        # (the corrected weights were counted in advance as every trainer's download)
+        res = self.client.call("eval_open", r, corrected, {"corr_s": corr_s}, category=None)
+        if res.status != "ok":
+            raise Replaced()
+
+    def lead_round(self, r: int, meta: dict, round_s: float) -> None:
+        """Record round r's evaluation (the metric over every unit) and release the round."""
+        p, rec = self.p, self.record
+        state = rec.state
+        p.eval_round = r
+        sums = meta["sums"]
+        val, test = (sums[k][0] / sums[k][1] if sums[k][1] else 0.0 for k in ("val", "test"))
+        corr_s = meta["corr_s"]  # correction is LLCG's training
         state["train_time_s"] += round_s + corr_s
         state["epoch_times"].append(round_s + corr_s)
-        val, test = p.evaluate()
-        # still this round's evaluator? (a slow one may have been replaced: it writes nothing)
-        p.last_beat = 0.0
-        p.beat()
         rec.keep_best(val, test, r)
         state["epoch"] = r
         state["trainers_alive"] = len(meta["contributors"])
         state["all_alive"] = sorted(meta["contributors"]) == sorted(p.active) and not meta["dead"]
+        state["eval_counts"] = {k: int(sums[k][1]) for k in ("val", "test")}
         stats = meta["stats"]
         record = {"round": r, "local_epochs": round(min(s.get("local_epochs", 0.0) for s in stats.values()), 3),
                   "train_time_s": round(state["train_time_s"], 3), "wall_s": round(time.time() - self.wall0, 3),
@@ -173,11 +219,15 @@ class RoundLoop:
                   "round_time_s": round(round_s + corr_s, 3),
                   # parameters up and the mean down per contributor (LLCG: the corrected weights too)
                   "averaging_bytes": p.round_bytes() * len(meta["contributors"]),
-                  "loss": self.mean_loss(stats)}
+                  "loss": self.mean_loss(stats),
+                  # the evaluation: nodes (link task: edges) scored, who computed units, how many
+                  # units a trainer computed for another partition's, its wall time
+                  "eval_counts": state["eval_counts"], "eval_trainers": meta["workers"],
+                  "eval_handed_on": meta["handed_on"], "eval_s": round(meta["eval_s"], 3)}
         rec.curve(record)
-        p.log.info("round %d/%d: val %.4f, test %.4f, %d trainers (%s steps), %.1fs%s", r, p.rounds_total,
-                   val, test, len(meta["contributors"]), record["steps"], round_s + corr_s,
-                   f", llcg correction {corr_s:.2f}s" if corrected is not None else "")
+        p.log.info("round %d/%d: val %.4f, test %.4f, %d trainers (%s steps), %.1fs%s; evaluated by %s in %.1fs",
+                   r, p.rounds_total, val, test, len(meta["contributors"]), record["steps"], round_s + corr_s,
+                   f", llcg correction {corr_s:.2f}s" if corr_s else "", meta["workers"], meta["eval_s"])
         for line in meta.get("log", [])[len(state.get("coordinator_log", [])):]:
             p.log.warning("coordinator: %s", line)
         state["coordinator_log"] = list(meta.get("log", []))
@@ -186,12 +236,10 @@ class RoundLoop:
         rec.checkpoint({}, None)
         if r == p.rounds_total:
             self.final_summary(meta)
-        p.eval_round = None
         shared = {k: state[k] for k in ("train_time_s", "best_val", "best_test", "best_epoch", "test_final",
                                         "epoch", "epoch_times", "trainers_alive", "all_alive",
-                                        "coordinator_log")}
-        # (the corrected weights were counted in advance as every trainer's download)
-        res = self.client.call("release", r, corrected, {"state": shared}, category=None)
+                                        "coordinator_log", "eval_counts")}
+        res = self.client.call("release", r, None, {"state": shared}, category=None)
         if res.status != "ok":
             raise Replaced()
 

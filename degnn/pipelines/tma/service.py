@@ -11,12 +11,22 @@ starts identical, and the training clocks start together):
   2. it `poll_mean`s until the round is closed: when every trainer still counted alive has
      submitted, or `round_timeout` after the first submission; whoever has not submitted by then
      is counted dead (it re-joins if it submits a later round). The answer is the weighted mean
-     of the submissions, who contributed, and who evaluates (the lowest contributing rank);
-  3. the evaluator (LLCG: corrects the mean first), evaluates, and `release`s the round,
-     sending the corrected weights if there are any; it sends `beat`s while it works;
-  4. the others `poll_release` until then. If the evaluator sends nothing for
-     `evaluator_timeout`, it is counted dead and the next contributing rank is told to evaluate
-     the round instead;
+     of the submissions, who contributed, and who leads the evaluation (the lowest contributing
+     rank);
+  3. the evaluation of the mean, split over the live trainers (docs/design.md, "TMA's
+     evaluation"): every trainer `eval_poll`s and is given one unit of work at a time (a layer's
+     output for a range of nodes, or the scores of a share of the validation and test set), its
+     own partition's units first, then those of partitions whose trainer is not alive; a phase
+     (a layer, then the scoring) is handed out once the previous one is done. A worker `beat`s
+     while it computes a unit and reports it with `eval_done` (the scoring: its metric sums).
+     LLCG: the evaluation opens once the lead has corrected the mean (`eval_open` with the
+     corrected weights, which go to every trainer with its first unit or the release);
+  4. when every unit of the scoring is done, the lead is answered `scored` (the metric over
+     every unit), records the round and `release`s it; the others `eval_poll` until then.
+     Nothing waits on a dead peer: a trainer the evaluation waits for (the lead, a worker holding
+     a unit, the trainer of a partition whose units are not taken) that sends nothing for
+     `evaluator_timeout` is counted dead, its units go back to be handed to a live one, and the
+     next contributing rank leads if it led;
   5. everyone `poll_start`s until every live contributor has the released weights (round 0:
      the initial weights), or `round_timeout` has passed, and the next round's training starts.
 
@@ -68,13 +78,34 @@ class _Round:
         self.got_mean: set = set()  # ranks that have the mean (round 0: the initial weights)
         self.close_t = 0.0
         self.diverged: Optional[str] = None  # the error line of a round whose losses are all non-finite
+        self.first_evaluator: Optional[int] = None
+        # the evaluation: open once the model to evaluate is known (LLCG: corrected by the lead)
+        self.open_t: Optional[float] = None
+        self.eval_model: Optional[torch.Tensor] = None  # LLCG's corrected weights
+        self.model_to: set = set()  # ranks that have the evaluated model
+        self.corr_s = 0.0
+        self.phase = 0
+        self.pending: set = set()  # units of the current phase nobody holds
+        self.held: Dict[int, int] = {}  # unit -> the rank computing it
+        self.done: Dict[int, int] = {}  # unit -> the rank that computed it (current phase)
+        self.sums: Dict[str, List[float]] = {}  # the scoring's metric sums: key -> [sum, count]
+        self.handed_on = 0  # units computed by another trainer than their partition's
+        self.workers: set = set()
+        self.scored_t: Optional[float] = None
 
 
 class Coordinator:
     """Server-side state of one run (one per server process; servers live for one run)."""
 
     def __init__(self, active: List[int], round_timeout_s: float, start_timeout_s: float,
-                 evaluator_timeout_s: float):
+                 evaluator_timeout_s: float, homes: Optional[List[int]] = None, phases: int = 1,
+                 corrects: bool = False):
+        # the evaluation's plan: homes[u] is the rank whose partition unit u covers (every phase
+        # has the same units), `phases` the layers plus the scoring; LLCG opens it after correcting
+        self.homes = list(homes) if homes is not None else list(active)
+        self.phases = phases
+        self.corrects = corrects
+        self.seen: Dict[int, float] = {}  # rank -> when it last sent anything
         self.alive = set(active)
         self.dead: set = set()
         self.round_timeout_s = round_timeout_s
@@ -104,12 +135,138 @@ class Coordinator:
         rd.closed = True
         rd.mean = rd.init if r == 0 else rd.sum / rd.wsum
         rd.sum = None
-        rd.evaluator = min(rd.contributors)
+        rd.evaluator = rd.first_evaluator = min(rd.contributors)
         rd.last_beat = rd.close_t = now
         if r > 0:
             rd.diverged = diverged_round(r, rd.contributors)
             if rd.diverged:
                 self.log.append(rd.diverged)
+            elif not self.corrects:
+                self._open(rd, None, now)
+
+    # --- the evaluation ------------------------------------------------------------------------
+    def _open(self, rd: _Round, model: Optional[torch.Tensor], now: float) -> None:
+        rd.open_t = now
+        rd.eval_model = model
+        rd.phase = 0
+        rd.pending = set(range(len(self.homes)))
+
+    def _count_dead(self, r: int, rd: _Round, rank: int, silent_s: float, now: float) -> None:
+        self.alive.discard(rank)
+        self.dead.add(rank)
+        units = sorted(u for u, h in rd.held.items() if h == rank)
+        for u in units:
+            del rd.held[u]
+            rd.pending.add(u)
+        if rank == rd.evaluator:
+            self.log.append(f"round {r}: evaluator rank {rank} silent for {silent_s:.0f}s; counted dead")
+            candidates = sorted(c for c in rd.contributors if c not in self.dead)
+            if candidates:
+                rd.evaluator = candidates[0]
+                rd.last_beat = now
+        else:
+            self.log.append(f"round {r}: rank {rank} silent for {silent_s:.0f}s while evaluating; counted dead")
+        if units:
+            self.log.append(f"round {r}: units {units} of phase {rd.phase} that rank {rank} held go to live trainers")
+
+    def _expire(self, r: int, rd: _Round, now: float) -> None:
+        """Count dead whoever the evaluation waits for and has not been heard of for
+        `evaluator_timeout`: the lead, a worker holding a unit, the trainer of a pending unit."""
+        if r == 0 or not rd.closed or rd.released or rd.diverged:
+            return
+        timeout = self.evaluator_timeout_s
+        if rd.evaluator not in self.dead and now - rd.last_beat > timeout:
+            self._count_dead(r, rd, rd.evaluator, now - rd.last_beat, now)
+        if rd.open_t is None or rd.scored_t is not None:
+            return
+        waiting = set(rd.held.values()) | {self.homes[u] for u in rd.pending if self.homes[u] in self.alive}
+        for rank in sorted(waiting - self.dead - {rd.evaluator}):
+            last = max(self.seen.get(rank, 0.0), rd.open_t)
+            if now - last > timeout:
+                self._count_dead(r, rd, rank, now - last, now)
+
+    def _with_model(self, rd: _Round, rank: int) -> torch.Tensor:
+        """The evaluated model's weights for a rank that does not have them yet (LLCG), else nothing."""
+        if rd.eval_model is None or rank in rd.model_to:
+            return EMPTY
+        rd.model_to.add(rank)
+        return rd.eval_model
+
+    def eval_open(self, r: int, rank: int, tensor: torch.Tensor, meta: dict, now: float) -> str:
+        rd = self._round(r)
+        self._heard(rd, rank, now)
+        if rd.evaluator != rank:
+            return "not-evaluator"
+        if rd.open_t is None:
+            rd.corr_s = float(meta.get("corr_s", 0.0))
+            self._open(rd, tensor.clone() if tensor.numel() else None, now)
+            rd.model_to.add(rank)
+        return "ok"
+
+    def eval_poll(self, r: int, rank: int, now: float):
+        """What `rank` does next for round r's evaluation: `work` (meta: phase, unit), `lead`
+        (open it: LLCG's correction of the mean, sent along), `scored` (the lead: record and
+        release), `released`, or `wait`."""
+        rd = self._round(r)
+        self._close_if_due(r, now)
+        self._heard(rd, rank, now)
+        if rd.released:
+            return self.poll_release(r, rank, now)
+        self._expire(r, rd, now)
+        if not rd.closed:
+            return "wait", EMPTY, {}
+        if rank == rd.evaluator and rank not in self.dead:
+            if rd.open_t is None:
+                return "lead", rd.mean.to(torch.float32), self._round_meta(rd)
+            if rd.scored_t is not None:
+                return "scored", self._with_model(rd, rank), {**self._round_meta(rd), **self._eval_meta(rd)}
+        if rd.open_t is None or rd.scored_t is not None or rank in self.dead:
+            return "wait", EMPTY, {}
+        mine = sorted(u for u in rd.pending if self.homes[u] == rank)
+        orphans = sorted(u for u in rd.pending if self.homes[u] not in self.alive)
+        if not mine and not orphans:
+            return "wait", EMPTY, {}
+        unit = (mine or orphans)[0]
+        rd.pending.discard(unit)
+        rd.held[unit] = rank
+        return "work", self._with_model(rd, rank), {"phase": rd.phase, "unit": unit}
+
+    def eval_done(self, r: int, rank: int, meta: dict, now: float) -> str:
+        rd = self._round(r)
+        self._heard(rd, rank, now)
+        if "stats" in meta:
+            self.last_stats[rank] = meta["stats"]
+        unit = meta["unit"]
+        if rd.open_t is None or meta["phase"] != rd.phase or unit in rd.done or rd.scored_t is not None:
+            return "late"
+        rd.done[unit] = rank
+        rd.pending.discard(unit)
+        rd.held.pop(unit, None)
+        rd.workers.add(rank)
+        if self.homes[unit] != rank:
+            rd.handed_on += 1
+        for key, (total, count) in meta.get("partial", {}).items():
+            acc = rd.sums.setdefault(key, [0.0, 0])
+            acc[0] += float(total)
+            acc[1] += int(count)
+        if len(rd.done) == len(self.homes):  # the phase is complete: the next one, or the scores
+            rd.phase += 1
+            rd.done, rd.held = {}, {}
+            if rd.phase == self.phases:
+                rd.scored_t = now
+            else:
+                rd.pending = set(range(len(self.homes)))
+        return "ok"
+
+    def _eval_meta(self, rd: _Round) -> dict:
+        return {"sums": {k: list(v) for k, v in rd.sums.items()}, "corr_s": rd.corr_s,
+                "eval_s": (rd.scored_t or 0.0) - (rd.open_t or 0.0), "handed_on": rd.handed_on,
+                "workers": sorted(rd.workers)}
+
+    def _heard(self, rd: _Round, rank: int, now: float) -> None:
+        self.seen[rank] = now
+        if rank == rd.evaluator:
+            rd.last_beat = now
 
     def submit(self, r: int, rank: int, tensor: torch.Tensor, meta: dict, now: float) -> str:
         rd = self._round(r)
@@ -146,16 +303,22 @@ class Coordinator:
 
     def _round_meta(self, rd: _Round) -> dict:
         meta = {"contributors": sorted(rd.contributors), "evaluator": rd.evaluator,
+                "first_evaluator": rd.first_evaluator,
                 "stats": dict(rd.contributors), "all_stats": dict(self.last_stats),
                 "dead": sorted(self.dead), "log": list(self.log)}
         if rd.diverged:
             meta["diverged"] = rd.diverged
         return meta
 
-    def beat(self, r: int, rank: int, now: float) -> str:
+    def beat(self, r: int, rank: int, now: float, unit: Optional[int] = None) -> str:
+        """A sign of life of the lead (`unit` None) or of the worker computing `unit`; anything
+        but "ok" means the work went to another trainer and must stop."""
         rd = self._round(r)
+        self._heard(rd, rank, now)
+        self._expire(r, rd, now)
+        if unit is not None:
+            return "ok" if rd.held.get(unit) == rank else "not-holder"
         if rd.evaluator == rank:
-            rd.last_beat = now
             return "ok"
         return "not-evaluator"  # it was declared dead and replaced: it must stop evaluating
 
@@ -164,7 +327,7 @@ class Coordinator:
         if rd.evaluator != rank:
             return "not-evaluator"
         rd.released = True
-        rd.release_tensor = tensor if tensor.numel() else None
+        rd.release_tensor = tensor if tensor.numel() else rd.eval_model
         rd.release_meta = meta
         rd.release_t = now
         rd.picked.add(rank)
@@ -187,25 +350,16 @@ class Coordinator:
         return "go" if not waiting or now - since > self.round_timeout_s else "wait"
 
     def poll_release(self, r: int, rank: int, now: float):
+        """`released` (with the evaluated model's weights where this rank lacks them) or `wait`:
+        a trainer that takes no part in the evaluation (a dropped partition's) waits with it."""
         rd = self._round(r)
         self._close_if_due(r, now)
-        if rd.released:
-            rd.picked.add(rank)
-            t = rd.release_tensor if rd.release_tensor is not None else EMPTY
-            return "released", t, dict(rd.release_meta)
-        if rd.closed and now - rd.last_beat > self.evaluator_timeout_s:
-            old = rd.evaluator
-            self.alive.discard(old)
-            self.dead.add(old)
-            candidates = sorted(c for c in rd.contributors if c not in self.dead)
-            self.log.append(f"round {r}: evaluator rank {old} silent for "
-                            f"{self.evaluator_timeout_s:.0f}s; counted dead")
-            if candidates:
-                rd.evaluator = candidates[0]
-                rd.last_beat = now
-        if rd.closed and rd.evaluator == rank:
-            return "evaluate", rd.mean.to(torch.float32), self._round_meta(rd)
-        return "wait", EMPTY, {}
+        if not rd.released:
+            return "wait", EMPTY, {}
+        rd.picked.add(rank)
+        t = rd.release_tensor if rd.release_tensor is not None and rank not in rd.model_to else EMPTY
+        rd.model_to.add(rank)
+        return "released", t, dict(rd.release_meta)
 
 
 def diverged_round(r: int, contributors: Dict[int, dict]) -> Optional[str]:
@@ -263,8 +417,9 @@ class AvgRequest(rpc.Request):
         if self.op == "hello":
             if coord is None:
                 m = self.meta
-                coord = _STATE["run"] = Coordinator(m["active"], m["round_timeout_s"],
-                                                    m["start_timeout_s"], m["evaluator_timeout_s"])
+                coord = _STATE["run"] = Coordinator(m["active"], m["round_timeout_s"], m["start_timeout_s"],
+                                                    m["evaluator_timeout_s"], m["homes"], m["phases"],
+                                                    m["corrects"])
             return AvgResponse("ok", EMPTY, {})
         if coord is None:
             return AvgResponse("error", EMPTY, {"error": "coordinator not started (no hello)"})
@@ -273,7 +428,13 @@ class AvgRequest(rpc.Request):
         if self.op == "poll_mean":
             return AvgResponse(*coord.poll_mean(self.round, self.rank, now))
         if self.op == "beat":
-            return AvgResponse(coord.beat(self.round, self.rank, now), EMPTY, {})
+            return AvgResponse(coord.beat(self.round, self.rank, now, self.meta.get("unit")), EMPTY, {})
+        if self.op == "eval_poll":
+            return AvgResponse(*coord.eval_poll(self.round, self.rank, now))
+        if self.op == "eval_open":
+            return AvgResponse(coord.eval_open(self.round, self.rank, self.tensor, self.meta, now), EMPTY, {})
+        if self.op == "eval_done":
+            return AvgResponse(coord.eval_done(self.round, self.rank, self.meta, now), EMPTY, {})
         if self.op == "release":
             return AvgResponse(coord.release(self.round, self.rank, self.tensor, self.meta, now), EMPTY, {})
         if self.op == "poll_start":

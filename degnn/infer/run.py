@@ -1,0 +1,151 @@
+"""What a finished run directory gives inference: its config, its best model, its partitions.
+
+`run_config(run_dir, overrides)`: the run's config.yaml (what rank 0 trained with, resolved) laid
+over this degnn version's schema, composed with the run's own config choices (.hydra/hydra.yaml);
+a key this version does not know, or a value of the wrong type, means another version wrote it.
+The command and every process of the inference cluster call it alike, so they agree.
+Each failure is one line (InferError) naming the file and the fix.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Sequence
+
+from degnn.runtime.checkpoint import BEST_MODEL, CONFIG_FILE
+
+# what `python -m degnn.infer RUN_DIR KEY=VALUE` may change: where and how the cluster runs and
+# where the data lies now, never what was trained
+OVERRIDABLE = ("cluster.", "train.eval_batch_size", "train.device", "dataset.root", "partition.root",
+               "partition.path")
+# new (partition) node id -> original id, beside the partition JSON (degnn/partition/writer.py)
+ORIG_NIDS = "orig_nids.pt"
+GROUPS = ("dataset", "model", "pipeline", "partition", "cluster")
+
+
+class InferError(RuntimeError):
+    """A run directory inference cannot use; the message is one line with the fix."""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+    for o in overrides:
+        key = o.split("=", 1)[0]
+        if "=" not in o or not any(key == k or (k.endswith(".") and key.startswith(k)) for k in OVERRIDABLE):
+            raise InferError(f"{o}: inference takes KEY=VALUE for cluster.*, train.eval_batch_size, "
+                             f"train.device, dataset.root, partition.root and partition.path only (the rest is the "
+                             f"run's own config)")
+
+
+def _choices(run_dir: Path, saved) -> tuple:
+    """(the run's config group options, its hydra.searchpath overrides)."""
+    from omegaconf import OmegaConf
+
+    names = {"dataset": saved.dataset.name, "model": saved.model.name, "pipeline": saved.pipeline.name,
+             "partition": saved.partition.method, "cluster": saved.cluster.kind}
+    searchpath: List[str] = []
+    hydra_file = run_dir / ".hydra" / "hydra.yaml"
+    if hydra_file.is_file():  # started by degnn.launch (a run of DGL's launch.py has none)
+        h = OmegaConf.load(hydra_file).hydra
+        chosen = h.runtime.choices
+        # the partition method is the trained one (a pipeline's variant may have picked it)
+        names.update({g: chosen[g] for g in GROUPS if g != "partition" and chosen.get(g)})
+        searchpath = [o for o in h.overrides.hydra if str(o).startswith("hydra.searchpath=")]
+    return [f"{g}={names[g]}" for g in GROUPS], searchpath
+
+
+def run_config(run_dir, overrides: Sequence[str] = ()):
+    """The run's config as this version's typed config, with `overrides` (check_overrides) applied."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from degnn.entry import compose_config
+
+    run_dir = Path(run_dir)
+    cfg_file = run_dir / CONFIG_FILE
+    if not run_dir.is_dir():
+        raise InferError(f"{run_dir}: no such directory; pass the run directory of a finished run "
+                         f"(its hydra.run.dir)")
+    if not cfg_file.is_file():
+        raise InferError(f"{run_dir} holds no {CONFIG_FILE}: not the directory of a degnn run that "
+                         f"started training; pass the run's hydra.run.dir")
+    other = (f"{cfg_file} was written by another degnn version ({{}}); run degnn.infer with the "
+             f"version that trained it, or train again with this one")
+    try:
+        saved = OmegaConf.load(cfg_file)
+        groups, searchpath = _choices(run_dir, saved)
+    except (OmegaConfBaseException, AttributeError, ValueError) as e:
+        raise InferError(other.format(_first_line(e))) from None
+    try:
+        base = compose_config(groups + searchpath)
+    except Exception as e:  # noqa: BLE001 - Hydra's own message: a group option this version lacks
+        raise InferError(other.format(_first_line(e))) from None
+    try:
+        cfg = OmegaConf.merge(base, saved)
+    except OmegaConfBaseException as e:
+        raise InferError(other.format(_first_line(e))) from None
+    check_overrides(overrides)
+    if overrides:
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        except OmegaConfBaseException as e:
+            raise InferError(f"{_first_line(e)}; fix the KEY=VALUE given to degnn.infer") from None
+    return cfg
+
+
+def load_best_model(run_dir) -> dict:
+    """best_model.pt of `run_dir` (read with weights_only=True: tensors and numbers only)."""
+    import pickle
+
+    import torch
+
+    path = Path(run_dir) / BEST_MODEL
+    if not path.is_file():
+        raise InferError(f"{run_dir} holds no {BEST_MODEL}: the run never finished an evaluation "
+                         f"(failed or stopped before its first one); train it again")
+    try:
+        best = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as e:
+        raise InferError(f"{path} is damaged or not written by this degnn version "
+                         f"({type(e).__name__}: {_first_line(e)[:100]}); train again") from None
+    if not isinstance(best, dict) or "model" not in best:
+        raise InferError(f"{path} holds no model state (not a degnn best model); train again")
+    return best
+
+
+def run_partitions(cfg, run_dir) -> Path:
+    """The partition JSON the run trained on: its `partition.path` (a partition made elsewhere,
+    checked as the launcher checks it), else the cached partitions of its dataset and partition
+    config (degnn.partition.planned_partitions); either must still be there, with the original
+    node ids (orig_nids.pt beside the JSON: new id -> original id)."""
+    from degnn.partition import PartitionError, existing_partition, planned_partitions
+    from degnn.runtime.cluster import machines_of
+
+    if cfg.partition.get("path"):
+        try:
+            part_config = existing_partition(cfg.partition.path, len(machines_of(cfg.cluster)))
+        except PartitionError as e:
+            raise InferError(f"the partition {run_dir} trained on: {e}") from None
+        ids = part_config.parent / ORIG_NIDS
+        if not ids.is_file():
+            raise InferError(
+                f"{ids} is missing: a partition made elsewhere renumbers the nodes and degnn cannot map "
+                f"them back; save partition_graph(..., return_mapping=True)'s first tensor there "
+                f"(torch.save(orig_nids, '{ids}'))")
+        return part_config
+    try:
+        part_config, built = planned_partitions(cfg.dataset, cfg.partition)
+    except Exception as e:  # noqa: BLE001 - the partitioner's own message
+        raise InferError(f"the partitions of {run_dir}: {_first_line(e)}") from None
+    if not built:
+        raise InferError(f"the partitions {run_dir} trained on are missing ({Path(part_config).parent} "
+                         f"is gone or incomplete, or the dataset changed since): train the run again "
+                         f"(python -m degnn.launch with its .hydra/overrides.yaml) to rebuild them")
+    ids = Path(part_config).parent / ORIG_NIDS
+    if not ids.is_file():
+        raise InferError(f"{ids} is missing: the partitions hold no original node ids; rebuild "
+                         f"them with degnn's partitioner (train the run again)")
+    return Path(part_config)

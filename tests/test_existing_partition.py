@@ -1,0 +1,92 @@
+"""partition.path: a partition made by DGL's own `dgl.distributed.partition_graph` is checked
+against the cluster and the pipeline before anything starts, and trains as it is."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import dgl
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NETNS = os.geteuid() == 0 and shutil.which("ip") is not None
+needs_netns = pytest.mark.skipif(not NETNS, reason="cluster=netns needs root and iproute2")
+
+
+@pytest.fixture(scope="module")
+def dgl_parts(tmp_path_factory):
+    """synthetic-tiny cut into 2 parts by DGL itself, with METIS and at random."""
+    from degnn.data import load_dataset
+    from degnn.entry import compose_config
+
+    base = tmp_path_factory.mktemp("dglparts")
+    cfg = compose_config([f"dataset.root={base / 'data'}"])
+    g = load_dataset(cfg.dataset).graph
+    keep = {k: g.ndata[k] for k in ("feat", "label", "train_mask", "val_mask", "test_mask")}
+    out = {}
+    for method in ("metis", "random"):
+        h = dgl.graph(g.edges(), num_nodes=g.num_nodes())
+        h.ndata.update(keep)
+        dgl.distributed.partition_graph(h, "tiny", 2, str(base / method), part_method=method)
+        out[method] = base / method / "tiny.json"
+    h = dgl.graph(g.edges(), num_nodes=g.num_nodes())
+    h.ndata["feat"] = keep["feat"]  # no labels or masks
+    dgl.distributed.partition_graph(h, "tiny", 2, str(base / "nolabel"), part_method="metis")
+    out["nolabel"] = base / "nolabel" / "tiny.json"
+    return out
+
+
+def launch(run_dir, *overrides, timeout=600):
+    return subprocess.run([sys.executable, "-m", "degnn.launch", "cluster=netns", "cluster.subnet=10.77.73",
+                           "cluster.port=31970", *overrides, f"hydra.run.dir={run_dir}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("overrides, path_of, message", [
+    (["cluster.machines=3"], "metis", "has 2 parts but the cluster has 3 machines"),
+    (["cluster.machines=2", "pipeline=tma", "pipeline.variant=random"], "metis",
+     "was made with part_method=metis, but this pipeline trains on random partitions"),
+    (["cluster.machines=2"], "folder", "is a folder"),
+    (["cluster.machines=2"], "nowhere", "does not exist"),
+])
+def test_a_mismatched_partition_is_refused_before_anything_starts(dgl_parts, tmp_path, overrides, path_of, message):
+    path = {"folder": dgl_parts["metis"].parent, "nowhere": tmp_path / "no.json"}.get(path_of, dgl_parts.get(path_of))
+    p = launch(tmp_path / "run", *overrides, f"partition.path={path}", timeout=120)
+    assert p.returncode != 0 and message in p.stderr, p.stderr[-2000:]
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not (tmp_path / "run" / "rank0.log").exists()
+
+
+@needs_netns
+def test_dgl_partitions_train_with_distdgl_and_random_tma(dgl_parts, tmp_path):
+    """distdgl on DGL's METIS parts, RandomTMA on DGL's random parts: both end ok, above chance,
+    and the launcher built no partition of its own."""
+    runs = {"distdgl": ["pipeline=distdgl", "train.epochs=4", "train.batch_size=64", "train.lr=0.02", f"partition.path={dgl_parts['metis']}"],
+            "tma": ["pipeline=tma", "pipeline.variant=random", "pipeline.time_limit=6s", "pipeline.sync_every=2s", "train.batch_size=64", "train.lr=0.02",
+                    f"partition.path={dgl_parts['random']}"]}
+    for name, overrides in runs.items():
+        p = launch(tmp_path / name, "cluster.machines=2", f"partition.root={tmp_path / 'own'}", *overrides)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        s = json.loads((tmp_path / name / "summary.json").read_text())
+        assert s["status"] == "ok" and s["test"] > 2 / s["num_classes"], s
+        assert "used as it is" in p.stdout
+    assert not (tmp_path / "own").exists()
+
+
+def test_a_partition_without_labels_is_named_by_every_trainer(dgl_parts):
+    """What a trainer checks once its DistGraph is up (the partition's node data is not read by
+    the launcher: that would load a whole part), on the node data DGL wrote without labels."""
+    from types import SimpleNamespace
+
+    from degnn.entry import PartitionDataError, check_partition_data, compose_config
+    from degnn.tasks import task_of
+
+    feats = dgl.data.utils.load_tensors(str(dgl_parts["nolabel"].parent / "part0" / "node_feat.dgl"))
+    graph = SimpleNamespace(ndata={k.split("/", 1)[1]: v for k, v in feats.items()})
+    task = task_of(compose_config([]))
+    with pytest.raises(PartitionDataError, match="has no node data label, train_mask, val_mask, test_mask"):
+        check_partition_data(task, graph, dgl_parts["nolabel"])
