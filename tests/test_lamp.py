@@ -855,6 +855,9 @@ def test_bench_lamp_composes_and_pairs_every_lamp_suite_with_distdgl():
     for name in ("ablation-prefetch", "ablation-fusion", "ablation-grad", "ablation-engine", "bytes-L3-100mbit-lamp"):
         assert "model.layers=3" in over[name] and "dataset=wordnet,synthetic-arxiv" in over[name]
     assert "cluster.bandwidth=100mbit" in over["bytes-L3-100mbit-distdgl"]
+    # both engines with 2 trainers a machine
+    assert {"pipeline.engine=trainer,server", "cluster.trainers_per_machine=2", "model.layers=3"} <= set(
+        over["ablation-trainers"])
     # every job composes (a mistyped pipeline key fails here)
     for s in cfg.bench.suites:
         first = [o.split(",")[0] if o.startswith(("dataset=", "pipeline.")) else o for o in s.overrides]
