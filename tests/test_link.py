@@ -132,12 +132,22 @@ def test_link_scores_rank_each_edge_among_its_negatives():
     assert torch.allclose(rr.float(), expect.float(), atol=1e-6)
 
 
-def test_launcher_refuses_a_link_task_for_lamp_before_anything_starts(tmp_path):
-    p = subprocess.run([PY, "-m", "degnn.launch", "pipeline=lamp", "dataset=wordnet-link", f"hydra.run.dir={tmp_path}"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0, p.stderr
-    assert "pipeline=lamp trains node classification only" in p.stderr and "pipeline=distdgl or pipeline=tma" in p.stderr
-    assert not (tmp_path / "summary.json").exists()
+def test_a_pipeline_without_the_link_task_is_refused_naming_the_ones_with_it():
+    """Every pipeline here trains link prediction; one that declares node classification only is
+    refused in one line that names them all."""
+    from degnn.config import CONF_DIR
+    from degnn.entry import compose_config
+    from degnn.pipelines import check_task
+    from degnn.pipelines.base import Pipeline
+
+    class NodeOnly(Pipeline):
+        name, tasks = "node-only", ("node",)
+
+    with pytest.raises(ValueError) as e:
+        check_task(NodeOnly, compose_config(["dataset=wordnet-link"]), [CONF_DIR])
+    msg = str(e.value)
+    assert "\n" not in msg and "pipeline=node-only trains node classification only" in msg, msg
+    assert all(f"pipeline={name}" in msg for name in ("distdgl", "lamp", "tma")), msg
 
 
 def test_batches_per_epoch_is_checked_before_anything_starts():
@@ -224,12 +234,16 @@ def test_bench_link_composes_into_valid_runs_under_one_budget():
                 if cfg.dataset.name == "wordnet-link":
                     assert budget == 45
                     seen.add((cfg.pipeline.name, cfg.pipeline.get("variant"), cfg.model.name, cfg.cluster.bandwidth))
+                    if cfg.pipeline.name == "lamp":
+                        seen.add(("lamp", cfg.model.layers, cfg.cluster.bandwidth))
     for model in ("sage", "gcn"):
         assert ("distdgl", "default", model, "100mbit") in seen
         for variant in ("random", "supernode", "psgd-pa", "llcg"):
             assert ("tma", variant, model, "100mbit") in seen
     assert {("distdgl", "default", "sage", "1gbit"), ("tma", "random", "sage", "1gbit"),
             ("tma", "supernode", "sage", "1gbit")} <= seen
+    # LAMP beside them at 2 and 3 layers, both bandwidths
+    assert {("lamp", layers, bw) for layers in (2, 3) for bw in ("100mbit", "1gbit")} <= seen
 
 
 def _fake_run(root, name, curve, **summary):
@@ -252,7 +266,15 @@ def test_report_has_the_papers_table_1_for_links(tmp_path):
             {"pipeline": "tma", "variant": variant, "edges_kept_fraction": kept[variant], "rounds": 5}
         _fake_run(tmp_path, f"r/{i}", [(9, test - 0.05), (45, test)], model=model, best_val=test, test=test,
                   test_final=test, **pipe)
+    for layers, test, net in ((2, 0.29, 3.0e6), (3, 0.295, 3.6e6)):  # LAMP's rows, by layers
+        _fake_run(tmp_path, f"r/lamp{layers}", [(45, test)], pipeline="lamp", variant="default", model="sage",
+                  layers=layers, best_val=test, test=test, edges_kept_fraction=0.8, net_bytes_per_batch=net,
+                  allreduce_bytes_per_batch=1.0e6)
     text = write_report(tmp_path).read_text()
+    assert "| LAMP (DEGNN), 2 layers | 0.2900 | – | 0.800 | – |" in text
+    assert "| LAMP (DEGNN), 3 layers | 0.2950 | – | 0.800 | – |" in text
+    assert "GraphSAGE: LAMP at 3 layers against distdgl (2 layers): -0.50 points of test MRR." in text
+    assert "3 layers against 2: 1.30x (bar, at most 1.5x: met)" in text
     assert "## Link prediction: the TMA paper's Table 1" in text
     assert "| method | GraphSAGE | GCN | edges kept | paper |" in text
     assert "| SuperTMA | 0.3200 | – | 0.680 | 0.8375 |" in text

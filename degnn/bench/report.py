@@ -366,11 +366,17 @@ TABLE1 = [("tma/supernode", "SuperTMA", 0.8375), ("tma/random", "RandomTMA", 0.8
 MODEL_NAMES = {"sage": "GraphSAGE", "gcn": "GCN", "gat": "GAT"}
 
 
+def link_method(s: dict) -> str:
+    """A run's row of the link table: its method, LAMP's by its number of layers."""
+    return f"lamp/L{s.get('layers')}" if s.get("pipeline") == "lamp" else method(s)
+
+
 def link_section(runs: List[dict]) -> List[str]:
     """bench=link: the TMA paper's Table 1 (method x model, test MRR at the best validation MRR) per
-    dataset and bandwidth, the paper's ordering checked, and the share of edges each method keeps."""
+    dataset and bandwidth, the paper's ordering checked, and the share of edges each method keeps;
+    LAMP's rows (by layers) with their gap to distdgl and their bytes beyond the all-reduce."""
     ok = [s for s in runs if s.get("status") == "ok" and s.get("task") == "link" and not failure(s)
-          and s.get("pipeline") in ("tma", "distdgl")]
+          and s.get("pipeline") in ("tma", "distdgl", "lamp")]
     if not ok:
         return []
     out = ["## Link prediction: the TMA paper's Table 1", "",
@@ -380,19 +386,20 @@ def link_section(runs: List[dict]) -> List[str]:
            "trains on (cut edges dropped).", ""]
     tables: Dict[tuple, Dict[tuple, dict]] = defaultdict(dict)
     for s in ok:
-        tables[(s.get("dataset"), s.get("machines"), bandwidth(s))][(method(s), s.get("model"))] = s
+        tables[(s.get("dataset"), s.get("machines"), bandwidth(s))][(link_method(s), s.get("model"))] = s
     for (ds, machines, bw), cells in sorted(tables.items(), key=lambda kv: str(kv[0])):
         models = sorted({m for _, m in cells}, key=lambda m: list(MODEL_NAMES).index(m) if m in MODEL_NAMES else 9)
         out += [f"### {ds}, {machines} machines, {bw or 'unlimited'} links", "",
                 "| method | " + " | ".join(MODEL_NAMES.get(m, str(m)) for m in models) + " | edges kept | paper |",
                 "|" + "---|" * (len(models) + 3)]
-        for key, name, paper in TABLE1:
+        lamps = sorted({k for k, _ in cells if k.startswith("lamp/")})
+        for key, name, paper in TABLE1 + [(k, f"LAMP (DEGNN), {k[6:]} layers", None) for k in lamps]:
             row = [cells.get((key, m)) for m in models]
             if not any(row):
                 continue
             kept = next((edges_kept(r) for r in row if r and edges_kept(r) is not None), None)
             out.append(f"| {name} | " + " | ".join(fmt(r.get("test")) if r else "–" for r in row)
-                       + f" | {fmt(kept, '.3f')} | {paper:.4f} |")
+                       + f" | {fmt(kept, '.3f')} | {fmt(paper)} |")
         out.append("")
         for m in models:
             sup, rnd, psgd = (cells.get((k, m)) for k in ("tma/supernode", "tma/random", "tma/psgd-pa"))
@@ -410,6 +417,17 @@ def link_section(runs: List[dict]) -> List[str]:
                 out.append(f"- {MODEL_NAMES.get(m, m)}: best of RandomTMA/SuperTMA ({method(best)}) against "
                            f"distdgl: {gap:+.2f} points of test MRR (bar, at most 1 point below: "
                            f"{'met' if gap >= -1 else 'not met'}).")
+            runs_l = [(k, cells.get((k, m))) for k in lamps if cells.get((k, m))]
+            for k, r in runs_l:
+                if base:
+                    gap = (r["test"] - base["test"]) * 100
+                    out.append(f"- {MODEL_NAMES.get(m, m)}: LAMP at {k[6:]} layers against distdgl "
+                               f"({base.get('layers')} layers): {gap:+.2f} points of test MRR.")
+            beyond = {k: _beyond_allreduce(r) for k, r in runs_l}
+            if beyond.get("lamp/L2") and beyond.get("lamp/L3") is not None:
+                ratio = beyond["lamp/L3"] / beyond["lamp/L2"]
+                out.append(f"- {MODEL_NAMES.get(m, m)}: LAMP's wire bytes per batch beyond the all-reduce, 3 layers "
+                           f"against 2: {ratio:.2f}x (bar, at most 1.5x: {'met' if ratio <= 1.5 else 'not met'}).")
         out.append("")
     return out
 

@@ -9,7 +9,9 @@ computation graph it builds).
 
 One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
 
-1. Seeds from the trainer's own training nodes. The locality-aware computation graph
+1. Seeds from the trainer's own training nodes (link prediction: the endpoints of the batch's
+   supervision edges and of their negatives, all nodes the machine owns, pipeline._link_seeds;
+   the link model's decoder scores the pairs on the top layer). The locality-aware computation graph
    (graph.py) is built on the trainer's own partition: own nodes are expanded through their
    in-edges with the model's fan-outs; a sampled neighbour owned elsewhere (a halo node) is a
    leaf. Leaves of block 0 read raw features (a replica of the halo nodes' features made once
@@ -80,14 +82,15 @@ Choices where the paper is silent (docs/background.md, "LAMP (DEGNN)"), and why:
   no parameter gradients on the wire.
 * Where the owners' preparation runs (`pipeline.engine`, owners.make_owners): in the graph
   servers (server, service.py, over DGL RPC), or in each machine's trainer process (trainer, the
-  default, owners.py): its histories, halo features and a model replica live in the trainer, and one
-  round per batch (torch.distributed all_to_all on its own gloo group, in a background thread)
-  carries the roots to their owners' trainers, the halo-sync asks and the pushed gradient rows,
-  and brings the answers back. No weights or history rows cross a process boundary; every round
-  merges all peers' requests. The price is lockstep: a round waits for every trainer to send its
-  asks. Measured here the two tie within run-to-run spread, the trainer engine ahead by 3-5% in
-  pooled medians (benchmarks/RESULTS.md), so it is the default; the server engine is the one for
-  several trainers a machine.
+  default, owners.py): its histories, halo features and a model replica live in the machine's
+  first trainer (local rank 0), and one round per batch (torch.distributed all_to_all on its own
+  gloo group, in a background thread) carries the roots to their owners' trainers, the halo-sync
+  asks and the pushed gradient rows, and brings the answers back; the machine's other trainers
+  (`cluster.trainers_per_machine` > 1: they share its partition) send their history pushes and
+  middle-block reads to that owner in the same rounds (loopback). No weights cross a process
+  boundary; every round merges all trainers' requests. The price is lockstep: a round waits for
+  every trainer to send its asks. Measured here the two tie within run-to-run spread, the trainer
+  engine ahead by 3-5% in pooled medians (benchmarks/RESULTS.md), so it is the default.
 * Owner-side computation runs in eval mode (no dropout): answers stand in for historical
   embeddings, which should be expectations.
 * Halo input features are replicated once at setup (counted in `setup_bytes`): block 0 of an

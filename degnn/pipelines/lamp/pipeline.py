@@ -14,6 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from degnn.metrics import ring_allreduce_bytes, timed_allreduce_hook
 from degnn.pipelines.base import Pipeline
 from degnn.runtime.device import to_device
+from degnn.tasks.link import NEG_PER_POS, link_loss
 from degnn.pipelines.lamp.config import LAMPConfig
 from degnn.pipelines.lamp.compute import GradRows, HistoryPull, HistoryRows, Roots, Weights, add_grads
 from degnn.pipelines.lamp.graph import CompGraph, LocalGraph, fusion_counts, unfold
@@ -38,29 +39,31 @@ ENGINES = ("server", "trainer")
 
 class LampNet(nn.Module):
     """The GNN over a locality-aware computation graph: block k's sources are the previous
-    block's outputs followed by that block's leaf rows (constants)."""
+    block's outputs followed by that block's leaf rows (constants). Link prediction (`gnn` a
+    models.LinkModel, `pairs` given): the decoder's logits of the positive and negative pairs,
+    (src, dst) positions among the top block's destinations each, inside the DDP forward."""
 
     def __init__(self, gnn):
         super().__init__()
         self.gnn = gnn
 
-    def forward(self, blocks, x_inner: torch.Tensor, leaves: List[torch.Tensor]):
+    def forward(self, blocks, x_inner: torch.Tensor, leaves: List[torch.Tensor], pairs=None):
         h, hidden = x_inner, []
         for k, block in enumerate(blocks):
             h = self.gnn.layer_forward(k, block, torch.cat([h, leaves[k]]))
             if k < len(blocks) - 1:
                 hidden.append(h.detach())
+        if pairs is not None:
+            (ps, pd), (ns, nd) = pairs
+            h = (self.gnn.decoder(h[ps], h[pd]), self.gnn.decoder(h[ns], h[nd]))
         return h, hidden
 
 
-def check_lamp_config(pcfg, model_cfg, cluster_cfg=None) -> None:
+def check_lamp_config(pcfg, model_cfg) -> None:
     check_bits(int(pcfg.bits))
     if pcfg.engine not in ENGINES:
         raise ValueError(f"pipeline.engine={pcfg.engine}: choose server (the owners' preparation runs in DGL's graph "
                          f"servers) or trainer (in each machine's trainer process, over torch.distributed)")
-    if pcfg.engine == "trainer" and cluster_cfg is not None and cluster_cfg.trainers_per_machine != 1:
-        raise ValueError("pipeline.engine=trainer needs cluster.trainers_per_machine=1 (each machine's one trainer "
-                         "answers for its partition); use pipeline.engine=server with several trainers a machine")
     if pcfg.grad not in GRAD_MODES:
         raise ValueError(f"pipeline.grad={pcfg.grad}: this version implements {', '.join(GRAD_MODES)} "
                          f"(stop: owner answers are constants, GAS semantics; push: their gradients go back to the "
@@ -106,11 +109,12 @@ class Batch(NamedTuple):
     top_rows: Optional[torch.Tensor]  # fusion=false: which answer each (repeated) top leaf takes
     x: torch.Tensor             # input features of the trainer's own nodes (local shared memory)
     x_leaves: torch.Tensor      # the halo leaves' input features (the setup replica)
+    pairs: Optional[tuple] = None  # link: ((src, dst) positive, (src, dst) negative) positions among the seeds
 
 
 class LAMPPipeline(Pipeline):
     name = "lamp"
-    tasks = ("node",)
+    tasks = ("node", "link")
     config_schema = LAMPConfig
     byte_categories = {"lamp_request": "a batch's roots to the machines that own them",
                        "lamp_response": "the owners' prepared hidden states of those roots",
@@ -119,12 +123,12 @@ class LAMPPipeline(Pipeline):
 
     @classmethod
     def prepare_launch(cls, cfg, task_overrides) -> List[str]:
-        check_lamp_config(cfg.pipeline, cfg.model, cfg.cluster)
+        check_lamp_config(cfg.pipeline, cfg.model)
         return []
 
     def setup(self) -> None:
         cfg, pcfg = self.cfg, self.cfg.pipeline
-        check_lamp_config(pcfg, cfg.model, cfg.cluster)
+        check_lamp_config(pcfg, cfg.model)
         self.bits, self.L = int(pcfg.bits), int(cfg.model.layers)
         self.fanouts = [int(f) for f in cfg.model.fanouts]
         self.prefetch, self.fused, self.push = int(pcfg.prefetch), bool(pcfg.fusion), pcfg.grad == "push"
@@ -132,32 +136,59 @@ class LAMPPipeline(Pipeline):
         self.pb = self.ctx.graph.get_partition_book()
         self.me = self.pb.partid
         self.leader = self.ctx.local_rank == 0  # sets up this machine's owners, ships weights, syncs halos
+        self.link = self.task.name == "link"
         self._split_seeds()
         self._build_model()
         self._read_partition()
         self._start_owners()
-        self.log.info("lamp: %d train nodes on this trainer, %d classes, %d local nodes (%d halo), %d bits, "
-                      "histories initialised by one layer-wise inference pass", len(self.train_nids),
-                      self.num_classes, self.lg.num_nodes, len(self.halo.local), self.bits)
+        self.log.info("lamp: %d train %s on this trainer, %s, %d local nodes (%d halo), %d bits, "
+                      "histories initialised by one layer-wise inference pass", self.num_train, self.task.unit,
+                      self.task.describe(), self.lg.num_nodes, len(self.halo.local), self.bits)
 
     # --- setup ---------------------------------------------------------------------------------
     def _split_seeds(self) -> None:
         """Seeds must be nodes this machine owns (force_even may hand out other machines' nodes);
-        every trainer then takes the same number of steps per epoch (DDP), the largest share's."""
+        every trainer then takes the same number of steps per epoch (DDP), the largest share's.
+        Link prediction: the supervision edges instead (`_split_edges`)."""
         g = self.ctx.graph
-        self.train_nids = dgl.distributed.node_split(g.ndata["train_mask"], self.pb, force_even=False)
-        if len(self.train_nids) and not bool((self.pb.nid2partid(self.train_nids) == self.me).all()):
-            raise RuntimeError("pipeline=lamp: node_split gave this trainer nodes of another machine")
-        nb = torch.tensor([-(-len(self.train_nids) // self.cfg.train.batch_size)])
+        if self.link:
+            self._split_edges()
+        else:
+            self.train_nids = dgl.distributed.node_split(g.ndata["train_mask"], self.pb, force_even=False)
+            if len(self.train_nids) and not bool((self.pb.nid2partid(self.train_nids) == self.me).all()):
+                raise RuntimeError("pipeline=lamp: node_split gave this trainer nodes of another machine")
+            self.num_train = len(self.train_nids)
+        nb = torch.tensor([-(-self.num_train // self.cfg.train.batch_size)])
         dist.all_reduce(nb, op=dist.ReduceOp.MAX)
         self.num_batches = int(nb)
+
+    def _split_edges(self) -> None:
+        """Link prediction: the training edges of this machine's partition whose two endpoints it
+        owns (every endpoint of a batch, negatives too, is then a seed the trainer computes, with
+        its remote neighbours prepared by their owners), split among the machine's trainers in
+        contiguous shares. An edge to a halo node (a cut edge) carries messages but supervises no
+        batch; `edges_kept_fraction` says how many edges supervise."""
+        part = self.ctx.graph.local_partition
+        indptr, indices, _ = part.adj_tensors("csc")
+        inner = part.ndata["inner_node"].bool()
+        dst = torch.repeat_interleave(torch.arange(len(indptr) - 1), indptr[1:] - indptr[:-1])
+        src = indices.long()
+        keep = inner[src] & inner[dst]
+        pairs = torch.stack([src[keep], dst[keep]])
+        n, k, i = pairs.shape[1], int(self.cfg.cluster.trainers_per_machine), self.ctx.local_rank
+        self.train_pairs = pairs[:, i * n // k:(i + 1) * n // k]
+        self.num_train = self.train_pairs.shape[1]
+        self.inner_local = torch.nonzero(inner).flatten()  # the negatives' destinations
+        self.edge_stats = (self.num_train, len(src) / k)
 
     def _build_model(self) -> None:
         g = self.ctx.graph
         self.in_dim = g.ndata["feat"].shape[1]
         self.task.prepare(self.ctx)
-        self.num_classes = self.task.num_classes
+        self.out_dim = self.task.out_dims()[-1]
         self.build_model(self.in_dim)  # the same initial weights on every rank
+        # what the owners replicate (every layer but the top): the GNN, a link model's encoder
+        self.gnn = self.model.encoder if self.link else self.model
         self.ddp = DistributedDataParallel(LampNet(self.model))
         self.ddp.register_comm_hook(None, timed_allreduce_hook(self.timer))  # DDP's averaging, timed
         self.allreduce_bytes = ring_allreduce_bytes(self.param_bytes(), self.ctx.world_size)
@@ -173,7 +204,7 @@ class LAMPPipeline(Pipeline):
             raise RuntimeError("pipeline=lamp: local ids of the partition graph and of the KVStore differ")
         self.local_feat = g.ndata["feat"].local_partition  # own nodes' rows, by local id
         # labels by local id too: no DGL RPC may run while LAMP answers are in flight (service.receive)
-        self.local_label = g.ndata["label"].local_partition
+        self.local_label = None if self.link else g.ndata["label"].local_partition
         self.halo = HaloSync(self.lg, self.pb, self.L, int(cfg.train.seed) + self.ctx.rank, cfg.pipeline.sync_budget,
                              int(cfg.pipeline.weight_sync_steps) + self.prefetch)
         self.halo_x = self._copy_halo(g.ndata["feat"])
@@ -214,11 +245,11 @@ class LAMPPipeline(Pipeline):
         # pushed rows, added before the next backward
         self.owner_grads: Dict[str, torch.Tensor] = {}
         self.step_no, self.weights_version = 0, -1
-        meta = dict(kind=cfg.model.name, in_dim=self.in_dim, hidden=cfg.model.hidden, out_dim=self.num_classes,
+        meta = dict(kind=cfg.model.name, in_dim=self.in_dim, hidden=cfg.model.hidden, out_dim=self.out_dim,
                     layers=self.L, dropout=float(cfg.model.dropout), heads=cfg.model.heads,
                     fanouts=self.fanouts, bits=self.bits, seed=int(cfg.train.seed) + self.me, fusion=self.fused)
         self.owners = make_owners(cfg.pipeline.engine, self.ctx, self.lg, self.local_feat, self.halo_x, self.boundary,
-                                  self.model, meta, self.leader)
+                                  self.gnn, meta, self.leader)
         dist.barrier()
         self._init_histories()
         self._ship_weights(wait=True)
@@ -242,19 +273,35 @@ class LAMPPipeline(Pipeline):
         """The weights the owners compute with (every layer but the top), with their version."""
         if not self.leader or self.weights_version == self.step_no:
             return
-        state = {k: v.detach() for k, v in self.model.state_dict().items()
+        state = {k: v.detach() for k, v in self.gnn.state_dict().items()
                  if not k.startswith(f"layers.{self.L - 1}.")}
         self.owners.ship_weights(Weights(self.step_no, list(state), list(state.values())), wait)
         self.weights_version = self.step_no
 
     # --- one batch ------------------------------------------------------------------------
-    def _issue(self, seeds: torch.Tensor) -> Batch:
+    def _link_seeds(self, pos: torch.Tensor):
+        """Link prediction: a batch's seeds (unique local ids) from its positive edges ([2, b]
+        local ids) and the task's negatives (tasks.link.NEG_PER_POS each: the same source, a
+        uniform destination among this machine's own nodes), and the pairs as positions among
+        those seeds."""
+        b = pos.shape[1]
+        neg = self.inner_local[torch.randint(len(self.inner_local), (b * NEG_PER_POS,))]
+        seeds, at = torch.unique(torch.cat([pos[0], pos[1], neg]), return_inverse=True)
+        self.task.info["train_neg_per_pos"] = len(neg) / max(1, b)
+        return seeds, ((at[:b], at[b:2 * b]), (at[:b].repeat_interleave(NEG_PER_POS), at[2 * b:]))
+
+    def _issue(self, item: torch.Tensor) -> Batch:
         """Build the batch's computation graph and send its asks (LAMP to the owners, the history
-        rows of the middle blocks to this machine's owner); nothing is waited for."""
+        rows of the middle blocks to this machine's owner); nothing is waited for. `item`: the
+        batch's seeds (global ids), or its positive edges with link prediction (`_link_seeds`)."""
+        if self.link:
+            seeds, pairs = self._link_seeds(item)
+        else:
+            seeds, pairs = self.pb.nid2localnid(item, self.me).long(), None
         lg, L = self.lg, self.L
         # the top block first: its leaves (the seeds' remote neighbours) go to their owners at
         # once, and the owners prepare them while this trainer builds the rest of its graph
-        top = lg.build(self.pb.nid2localnid(seeds, self.me).long(), self.fanouts[L - 1:])
+        top = lg.build(seeds, self.fanouts[L - 1:])
         top_gid = lg.nid[top.leaves[0]]
         owner = self.pb.nid2partid(top_gid)
         masks, asks = [], []
@@ -284,7 +331,7 @@ class LAMPPipeline(Pipeline):
         self.stats["cg_nodes"] += cg.num_nodes
         # the local gathers here, not in _complete: owner_wait then measures only the owners
         x = self.local_feat[cg.inner_src[0]].float()
-        return Batch(seeds, cg, top_gid, masks, ticket, top_rows, x, self.halo_x[cg.leaves[0]])
+        return Batch(item, cg, top_gid, masks, ticket, top_rows, x, self.halo_x[cg.leaves[0]], pairs)
 
     def _complete(self, b: Batch):
         """Wait for the batch's answers; returns (cg, input features, leaf rows per block, top rows)."""
@@ -338,21 +385,26 @@ class LAMPPipeline(Pipeline):
         self.step_no = self.batches
         self._ship_weights(wait=True)  # (after a resume the owners hold the initial weights)
         self.ddp.train()
-        order = self.train_nids[torch.randperm(len(self.train_nids))]
-        seeds_of = list(torch.tensor_split(order, self.num_batches))
+        if self.link:
+            order = self.train_pairs[:, torch.randperm(self.num_train)]
+            seeds_of = list(torch.tensor_split(order, self.num_batches, dim=1))
+        else:
+            order = self.train_nids[torch.randperm(self.num_train)]
+            seeds_of = list(torch.tensor_split(order, self.num_batches))
         yield from pipelined(seeds_of, self.prefetch, self._issue, self._complete, self.timer)
 
     def step(self, batch) -> float:
         """One step through DDP on a completed batch, then its history pushes (and grad=push:
         the gradient rows of the owners' answers back to them)."""
         b, (cg, x, leaves, top_h) = batch
-        y = self.local_label[self.pb.nid2localnid(b.seeds, self.me).long()].long()
+        y = None if self.link else self.local_label[self.pb.nid2localnid(b.seeds, self.me).long()].long()
         # the trainer's forward on train.device; owners, histories and their messages stay on the
         # CPU (a leaf moved to the device still passes its gradient back to top_h)
-        blocks, x, leaves, y = to_device((cg.blocks, x, leaves, y), self.device)
+        blocks, x, leaves, y, pairs = to_device((cg.blocks, x, leaves, y, b.pairs), self.device)
         with self.timer("compute"):
-            out, hidden = self.ddp(blocks, x, leaves)
-            loss = F.cross_entropy(out, y)
+            out, hidden = self.ddp(blocks, x, leaves, pairs)
+            # the task's loss: the decoder's pairs (link_loss, as every pipeline) or the seeds' classes
+            loss = link_loss(*out) if self.link else F.cross_entropy(out, y)
         hidden = [h.cpu() for h in hidden]
         # the owners' gradients join this step's all-reduce (DDP sums into .grad); DDP all-reduces
         # the gradients of the trainer's own sub-graph
@@ -415,7 +467,7 @@ class LAMPPipeline(Pipeline):
 
     def _apply_owner_grads(self) -> None:
         self._collect_owner_grads()
-        params = dict(self.model.named_parameters())
+        params = dict(self.gnn.named_parameters())
         for name, t in self.owner_grads.items():
             params[name].grad = t.clone()
         self.owner_grads = {}
@@ -437,7 +489,8 @@ class LAMPPipeline(Pipeline):
 
     def rank_stats(self) -> dict:
         return {"ages": self.ages, "stats": {**self.stats, "rounds": self.owners.rounds, "sync_rows": self.halo.rows},
-                "local": self.owners.local_bytes, "fusion": self.fusion}
+                "local": self.owners.local_bytes, "fusion": self.fusion,
+                "edges": getattr(self, "edge_stats", None)}
 
     def summary_extra(self, ranks: List[dict], context: dict) -> LAMPSummary:
         return lamp_summary(ranks, self.cfg.pipeline, bits=self.bits)

@@ -34,6 +34,7 @@ class LAMPSummary:
     owner_nodes_computed_per_batch: float
     trainer_cg_nodes_per_batch: float
     local_bytes_by_category: Dict[str, int]
+    edges_kept_fraction: Optional[float]
 
 
 def lamp_summary(ranks: List[dict], p, bits: int) -> LAMPSummary:
@@ -78,4 +79,8 @@ def lamp_summary(ranks: List[dict], p, bits: int) -> LAMPSummary:
             "rpc_round_trips_per_batch": stat["rounds"] / batches,
             "owner_nodes_computed_per_batch": stat["owner_nodes"] / batches,
             "trainer_cg_nodes_per_batch": stat["cg_nodes"] / batches,
-            "local_bytes_by_category": local})
+            "local_bytes_by_category": local,
+            # link prediction: the share of the partitions' edges that supervise (both endpoints
+            # owned by the machine, pipeline._split_edges)
+            "edges_kept_fraction": (sum(r["edges"][0] for r in ranks) / max(1.0, sum(r["edges"][1] for r in ranks))
+                                    if ranks[0].get("edges") else None)})
