@@ -151,15 +151,25 @@ def plot_growth(runs: List[dict], path: Path, plt, colour: Callable, save: Calla
     by: Dict[str, List[dict]] = defaultdict(list)
     for s in ok:
         by[series_name(s)].append(s)
+    from matplotlib.ticker import NullFormatter
+
     for ax, (q, unit, f) in zip(axes.flat, QUANTITIES):
+        ax.set_title(f"{q} ({unit})", fontsize=9)
+        drawn = False
         for name, group in sorted(by.items()):
             pts = sorted((nodes(s), f(s)) for s in group if f(s) is not None and f(s) > 0)
             if pts:
                 ax.plot(*zip(*pts), marker="o", markersize=3, color=colour(group[0]),
                         linestyle="--" if group[0].get("layers", 2) > 2 else "-", label=name)
+                drawn = True
+        if not drawn:
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            continue
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_title(f"{q} ({unit})", fontsize=9)
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("nodes", fontsize=8)
         ax.grid(alpha=0.3, which="both")
     for ax in list(axes.flat)[len(QUANTITIES):]:
