@@ -110,3 +110,25 @@ def test_scale_section_renders_the_ladder_and_the_fitted_exponents(tmp_path):
     assert "wordnet" not in section
     if plot_note() is None:
         assert (tmp_path / "scale_growth.png").is_file() and "scale_growth.png" in section
+
+
+def test_the_partitioner_records_its_load_time_and_peak_and_the_launcher_copies_them(tmp_path):
+    from types import SimpleNamespace
+
+    from degnn.config import DatasetConfig, PartitionConfig
+    from degnn.launch.launcher import partition_keys
+    from degnn.partition import ensure_partitions
+
+    ds = OmegaConf.merge(OmegaConf.structured(DatasetConfig),
+                         {"name": "synthetic-tiny", "kind": "synthetic", "num_nodes": 2000, "num_classes": 8,
+                          "root": str(tmp_path / "data")})
+    pc = OmegaConf.merge(OmegaConf.structured(PartitionConfig),
+                         {"method": "random", "num_parts": 2, "root": str(tmp_path / "parts")})
+    part_config = ensure_partitions(ds, pc)
+    stats = json.loads((part_config.parent / "stats.json").read_text())
+    assert stats["load_time_s"] > 0 and stats["peak_rss_mb"] > 50  # a Python process with DGL loaded
+    plan = SimpleNamespace(procs=[SimpleNamespace(env={"DGL_CONF_PATH": str(part_config)})])
+    assert partition_keys(plan) == {"partition_s": stats["wall_time_s"], "partition_load_s": stats["load_time_s"],
+                                    "partition_peak_rss_mb": stats["peak_rss_mb"]}
+    (part_config.parent / "stats.json").unlink()  # a partition made elsewhere: nothing to copy
+    assert set(partition_keys(plan).values()) == {None}
