@@ -45,6 +45,7 @@ QUANTITIES: List[Tuple[str, str, Callable[[dict], Optional[float]]]] = [
     ("partition peak", "MiB", lambda s: s.get("partition_peak_rss_mb")),
     ("set-up", "s", lambda s: s.get("setup_s")),
     ("set-up bytes", "MiB", lambda s: _mib(s.get("setup_bytes"))),
+    ("set-up wire", "MiB", lambda s: _mib(s.get("setup_net_bytes"))),
     ("set-up peak", "MiB", lambda s: s.get("setup_peak_rss_mb")),
     ("server peak", "MiB", lambda s: s.get("peak_rss_mb_server")),
     ("trainer peak", "MiB", lambda s: s.get("peak_rss_mb_trainer")),
@@ -108,7 +109,8 @@ def scale_section(runs: List[dict], results: Path, plot: Callable) -> List[str]:
            "The bench=scale ladder: one row per run (4 machines). Partition: the partitioner's own "
            "numbers when it built the run's partition (assignment and writing; its process's peak "
            "RSS, the whole graph included). Set-up: before the first training batch (slowest "
-           "trainer; bytes of all trainers; largest trainer's peak RSS). Server / trainer peak: the "
+           "trainer; bytes degnn counted and bytes the links sent, all trainers; largest trainer's "
+           "peak RSS). Server / trainer peak: the "
            "largest process of each kind over the run; machine peak: the largest machine's cgroup "
            "(with a memory limit). Epoch: one epoch of the run's batches (TMA: a round). "
            "Evaluation: the median evaluation. Wire per batch: bytes the machines' links sent per "
@@ -180,7 +182,9 @@ def plot_growth(runs: List[dict], path: Path, plt, colour: Callable, save: Calla
         if len(n) > len(names):
             handles, names = h, n
     if names:
-        fig.legend(handles, names, loc="lower right", fontsize=7)
+        # below the panels (the saved figure is cropped to what it draws)
+        fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(len(names), 6),
+                   fontsize=8)
     fig.suptitle(f"growth with graph size, {_machines(ok)} machines", fontsize=10)
     return save(fig, path)
 
