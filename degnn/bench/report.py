@@ -20,6 +20,8 @@ from typing import Dict, List, Optional, Tuple
 
 from degnn.metrics import read_curve
 
+from .scale import plot_growth, scale_section
+
 PLOT_HINT = "no plots: matplotlib is not installed (pip install 'degnn[bench]'); every table is here"
 
 _PYPLOT: list = []
@@ -902,6 +904,7 @@ def write_report(results: Path, title: str = "degnn benchmark") -> Path:
     if lamp_png:
         lines += ["## LAMP: bytes per batch against layers", "", f"![lamp bytes]({lamp_png.name})", ""]
     lines += breakdown_section(runs)
+    lines += scale_section(runs, results, lambda rs, path: plot_growth(rs, path, _pyplot(), colour, _save))
     breakdown_png = plot_breakdown(runs, results / "time_breakdown.png")
     if breakdown_png:
         lines += [f"![time per batch by phase]({breakdown_png.name})", ""]

@@ -257,6 +257,19 @@ def _graph_name(plan: Plan) -> Optional[str]:
         return None
 
 
+def partition_keys(plan: Plan) -> dict:
+    """The partitioner's own numbers from the run's stats.json (written when the partition was
+    built, by whichever launch built it): `partition_s` (assignment and writing), `partition_load_s`
+    (the dataset's load or build) and `partition_peak_rss_mb` (the partitioning process's peak);
+    None for a partition without them (one made elsewhere: partition.path)."""
+    try:
+        stats = json.loads((Path(plan.procs[0].env["DGL_CONF_PATH"]).parent / "stats.json").read_text())
+    except (OSError, ValueError, KeyError, IndexError):
+        stats = {}
+    return {"partition_s": stats.get("wall_time_s"), "partition_load_s": stats.get("load_time_s"),
+            "partition_peak_rss_mb": stats.get("peak_rss_mb")}
+
+
 def launcher_keys(sup: Supervisor, limits: MachineLimits) -> dict:
     """The launcher's summary keys of memory: every process's peak RSS (servers included;
     `peak_rss_mb_server` their largest), and with machine limits the limits and each machine's
@@ -366,7 +379,7 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
         if cl.kind == "slurm" and not outcome.ok:
             outcome.message = slurm.ended_note(job) + outcome.message
         end = counters() if counters else None
-        extra = launcher_keys(sup, limits)
+        extra = {**launcher_keys(sup, limits), **partition_keys(plan)}
         say(f"{len(plan.procs)} processes started in {outcome.started_s:.2f}s, "
             f"stopped in {outcome.stop_s:.2f}s")
     if not outcome.ok:

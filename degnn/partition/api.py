@@ -13,6 +13,7 @@ import fcntl
 import hashlib
 import json
 import os
+import resource
 import shutil
 import time
 import uuid
@@ -145,8 +146,11 @@ def _write(
     balance_edges: bool,
     settings: Dict[str, Any],
     link_split=None,
+    load_time_s: Optional[float] = None,
 ) -> Path:
-    """Partition into a temporary sibling folder, then rename it to `out` (caller holds the lock)."""
+    """Partition into a temporary sibling folder, then rename it to `out` (caller holds the lock).
+    stats.json records the seconds (`load_time_s`: the dataset's load or build, when the caller
+    timed it) and the partitioning process's peak RSS (`peak_rss_mb`, the whole graph included)."""
     _clean_stale_temps(out)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -177,7 +181,9 @@ def _write(
             stats["link_eval_edges"] = {p: int(len(link_split[p]["source_node"])) for p in ("valid", "test")}
             stats["link_num_neg"] = int(link_split["valid"]["target_node_neg"].shape[1])
         stats.update(
-            {"wall_time_s": round(t2 - t0, 4), "assign_time_s": round(t1 - t0, 4), "write_time_s": round(t2 - t1, 4)}
+            {"wall_time_s": round(t2 - t0, 4), "assign_time_s": round(t1 - t0, 4), "write_time_s": round(t2 - t1, 4),
+             "load_time_s": None if load_time_s is None else round(load_time_s, 4),
+             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)}
         )
         with open(tmp / STATS, "w") as f:
             json.dump(stats, f, indent=2)
@@ -327,8 +333,10 @@ def ensure_partitions(dataset_cfg, partition_cfg) -> Path:
             return hit
         from degnn.data import load_dataset
 
+        t0 = time.time()
         data = load_dataset(dataset_cfg)
         graph = data.graph
+        load_s = time.time() - t0
         _validate(method, int(partition_cfg.num_parts), graph.num_nodes(), str(dataset_cfg.name))
         return _write(
             graph,
@@ -341,4 +349,5 @@ def ensure_partitions(dataset_cfg, partition_cfg) -> Path:
             bool(partition_cfg.balance_edges),
             settings,
             link_split=getattr(data, "link_split", None),  # None for a node task
+            load_time_s=load_s,
         )

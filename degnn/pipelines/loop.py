@@ -160,8 +160,9 @@ class EpochLoop:
         # the wall-time budget; ranks measure slightly different times: rank 0 decides for all
         over = cfg.train.time_limit_s > 0 and broadcast_object(state["train_time_s"] >= cfg.train.time_limit_s)
         if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs or over:
+            t_eval = time.time()
             val, test = p.evaluate()
-            record.update(val=val, test=test)
+            record.update(val=val, test=test, eval_s=round(time.time() - t_eval, 3))
             if not rec.keep_best(val, test, epoch):
                 stop = cfg.train.patience > 0 and state["bad_evals"] >= cfg.train.patience
         if over:
