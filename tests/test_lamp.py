@@ -324,7 +324,8 @@ class _ServerState:
 
 def owner_of(lg, model, feat, halo_x, hist, version, fusion=True):
     """A compute.Owner over exact_setup's partition (32 bits, full fan-outs, no boundary)."""
-    meta = {"bits": 32, "fanouts": [-1, -1, -1], "fusion": fusion, "hidden": 8, "layers": 3, "seed": 0}
+    meta = {"bits": 32, "fanouts": [-1, -1, -1], "fusion": fusion, "hidden": 8, "layers": 3, "seed": 0,
+            "history_layers": 1}
     owner = Owner(lg, feat, halo_x, torch.zeros(lg.num_nodes, dtype=torch.bool), model, meta, hist)
     owner.version = version
     return owner
@@ -408,7 +409,8 @@ def test_trainer_engine_answers_every_peer_from_one_fused_graph():
     from degnn.pipelines.lamp.owners import TrainerOwners, pack_section, unpack_section, ASKED, ANSWERED
 
     lg, model, exact, hist, halo_x, feat = exact_setup()
-    meta = {"bits": 32, "fanouts": [-1, -1, -1], "fusion": True, "hidden": 8, "layers": 3, "seed": 0}
+    meta = {"bits": 32, "fanouts": [-1, -1, -1], "fusion": True, "hidden": 8, "layers": 3, "seed": 0,
+            "history_layers": 1}
     # ranks 0, 1, 2 own machines 0, 1, 2; rank 3 is machine 0's second trainer
     eng = TrainerOwners(None, lg, feat, halo_x, torch.zeros(lg.num_nodes, dtype=torch.bool), model, meta,
                         _PartitionBook(), [0, 1, 2, 0], {0: 0, 1: 1, 2: 2}, rank=0, group=None)
@@ -504,7 +506,7 @@ def test_setup_streams_the_halo_copy_and_history_fill_in_pieces():
     stored = []
     fake = SimpleNamespace(lg=SimpleNamespace(num_nodes=n, nid=nid, inner=inner), in_dim=dim,
                            halo=SimpleNamespace(local=halo, gid=nid[halo]), chunk_bytes=64 * dim * 4,
-                           L=3, leader=True, bits=8, setup_bytes=0,
+                           L=3, tables=1, leader=True, bits=8, setup_bytes=0,
                            evaluator=SimpleNamespace(inference=lambda: [hidden, None]),
                            owners=SimpleNamespace(init_history=stored.extend))
     x = LAMPPipeline._copy_halo(fake, feat)
