@@ -990,3 +990,37 @@ def test_history_pull_for_the_halo_sync_sends_only_rows_written_since(monkeypatc
     assert torch.equal(r.codes[:2], q.codes) and torch.equal(r.scale[:2], q.scale)
     everything = compute.history_rows(h, HistoryPull([1, 2], [], ids, False, since=-1))
     assert everything.sel is None and everything.codes.shape[0] == 6
+
+
+def test_report_gives_each_owners_ablation_step_its_share_of_the_gain(tmp_path):
+    """The ablation-owners table: the four variants beside distdgl, and each step's share of the
+    gain in bytes beyond the all-reduce and in epoch time (adding up to 100%; a step that costs
+    more than it saves is negative). The ablated runs stay out of the plain lamp-against-distdgl table."""
+    from degnn.bench.report import write_report
+
+    def run(name, **summary):
+        d = tmp_path / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"status": "ok", "model": "sage", "metric": "acc", "machines": 4,
+                                                   "dataset": "wordnet", "layers": 3, "epochs": 6,
+                                                   "allreduce_bytes_per_batch": 100.0 * 1024, "best_val": 0.5,
+                                                   "bandwidth": "1gbit", **summary}))
+    # beyond the all-reduce: 1000 -> 600 -> 150 -> 200 KB; epoch time 10 -> 8 -> 5 -> 6 s
+    run("ablation-owners-distdgl/0", pipeline="distdgl", halo_cache=False, test=0.60,
+        net_bytes_per_batch=1100.0 * 1024, epoch_times_s=[10.0])
+    run("ablation-owners-distdgl/1", pipeline="distdgl", halo_cache=True, test=0.61,
+        net_bytes_per_batch=700.0 * 1024, epoch_times_s=[8.0])
+    run("ablation-owners-lamp/0", pipeline="lamp", roots="owners", bits=8, test=0.59, prefetch=1,
+        net_bytes_per_batch=300.0 * 1024, epoch_times_s=[6.0])
+    run("ablation-owners-lamp/1", pipeline="lamp", roots="histories", bits=8, test=0.55, prefetch=1,
+        net_bytes_per_batch=250.0 * 1024, epoch_times_s=[5.0])
+    text = write_report(tmp_path).read_text()
+    assert "## LAMP: what the owners add" in text
+    assert "| wordnet | 3 | 1gbit | distdgl + halo cache | 700.0 | 600.0 | 1.7x | 8.00 | 1.25x | 6 | 0.6100 | +1.00 |" in text
+    assert "| wordnet | 3 | 1gbit | lamp, roots from histories | 250.0 | 150.0 | 6.7x | 5.00 | 2.00x | 6 | 0.5500 | -5.00 |" in text
+    assert "| wordnet | 3 | 1gbit | lamp | 300.0 | 200.0 | 5.0x | 6.00 | 1.67x | 6 | 0.5900 | -1.00 |" in text
+    assert "| wordnet | 3 | 1gbit | bytes beyond all-reduce | +50% | +56% | -6% |" in text
+    assert "| wordnet | 3 | 1gbit | epoch time | +50% | +75% | -25% |" in text
+    # the plain comparison pairs lamp (owners) with plain distdgl only
+    assert "| ablation-owners | wordnet | 3 | 8 | 6 | 1,100.0 / 300.0 | **3.7x** |" in text
+    assert "halo cache | 700.0" not in text.split("## LAMP: what the owners add")[0]
