@@ -685,9 +685,13 @@ def _owners_variant(s: dict) -> str:
     return "histories" if s.get("roots") == "histories" else "lamp"
 
 
+SHARE_MIN_GAIN = 0.05  # a whole gain under this share of the baseline is left unsplit (noise)
+
+
 def _share(values: List[Optional[float]]) -> List[str]:
-    """Each step's share of the whole gain from values[0] to values[-1] (one per step), in %."""
-    if None in values or values[0] == values[-1]:
+    """Each step's share of the whole gain from values[0] to values[-1] (one per step), in %; "–"
+    when the whole gain is under SHARE_MIN_GAIN of values[0] (its split would be noise)."""
+    if None in values or not abs(values[0] - values[-1]) >= SHARE_MIN_GAIN * abs(values[0]):
         return ["–"] * (len(values) - 1)
     total = values[0] - values[-1]
     return [f"{100 * (a - b) / total:+.0f}%" for a, b in zip(values, values[1:])]
@@ -737,7 +741,8 @@ def owners_section(runs: List[dict]) -> List[str]:
            "epoch s | distdgl / this | epochs | test | vs distdgl (points) |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
     if shares:
-        out += ["Each step's share of the gain from distdgl to lamp (negative: that step costs more than it saves):",
+        out += ["Each step's share of the gain from distdgl to lamp (negative: that step costs more than it saves; "
+                f"–: the whole gain is under {SHARE_MIN_GAIN:.0%} of distdgl's, too small to split):",
                 "", "| dataset | layers | bandwidth | measure | halo cache | lamp's computation (histories) | "
                 "owners' fresh answers |", "|---|---|---|---|---|---|---|", *shares, ""]
     return out
