@@ -73,7 +73,7 @@ def trainer(argv) -> int:
     # 2. set up my machine's server: model, 32-bit exact histories, weights
     halo = torch.nonzero(~lg.inner).flatten()
     m = dict(kind=cfg.model.name, in_dim=g.ndata["feat"].shape[1], hidden=hidden, out_dim=5, layers=L,
-             dropout=0.5, heads=cfg.model.heads, fanouts=[-1] * L, bits=32, seed=0)
+             dropout=0.5, heads=cfg.model.heads, fanouts=[-1] * L, bits=32, seed=0, history_layers=L - 2)
     reqs = [S.LampSetupRequest(Setup(m, halo, g.ndata["feat"][lg.nid[halo]], torch.nonzero(lg.inner).flatten()))]
     for layer in range(1, L - 1):  # the histories the owners read: h^(1..L-2)
         reqs.append(S.HistoryPushRequest(HistoryRows.of(layer, torch.arange(lg.num_nodes),

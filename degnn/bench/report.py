@@ -570,10 +570,16 @@ def _beyond_allreduce(s: dict) -> Optional[float]:
     return None if net is None or ar is None else net - ar
 
 
+def ablated(s: dict) -> bool:
+    """A run of an ablation of what the owners add (distdgl with the halo cache, lamp with its
+    roots from histories): compared in `owners_section` only."""
+    return bool(s.get("halo_cache")) or s.get("roots", "owners") != "owners"
+
+
 def lamp_section(runs: List[dict]) -> List[str]:
     """bench=lamp: each lamp run beside the distdgl run of the same group, dataset and layers;
     bytes per batch against layers for both pipelines."""
-    ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("lamp", "distdgl")]
+    ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("lamp", "distdgl") and not ablated(s)]
     if not any(s["pipeline"] == "lamp" for s in ok):
         return []
     base = {(_group(s), s["dataset"], s.get("layers")): s for s in ok if s["pipeline"] == "distdgl"}
@@ -630,11 +636,11 @@ def lamp_ablations(runs: List[dict]) -> List[str]:
     """bench=lamp's ablations: every lamp run with its asynchronous-pipeline and fusion
     settings, beside the distdgl run of the same dataset, layers and bandwidth (epoch-time ratio)."""
     ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("lamp", "distdgl")]
-    lamp = [s for s in ok if s["pipeline"] == "lamp" and "prefetch" in s]
+    lamp = [s for s in ok if s["pipeline"] == "lamp" and "prefetch" in s and not ablated(s)]
     if not lamp:
         return []
     base: Dict[tuple, dict] = {}
-    for s in sorted((s for s in ok if s["pipeline"] == "distdgl"),
+    for s in sorted((s for s in ok if s["pipeline"] == "distdgl" and not ablated(s)),
                     key=lambda s: (not _group(s).startswith("bytes"), s["_rel"])):
         base.setdefault((s["dataset"], s.get("layers"), bandwidth(s)), s)  # a bytes-* suite's run first
     rows = []
@@ -671,12 +677,85 @@ def lamp_ablations(runs: List[dict]) -> List[str]:
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
+OWNERS_STEPS = (("distdgl", "distdgl"), ("halo", "distdgl + halo cache"),
+                ("histories", "lamp, roots from histories"), ("lamp", "lamp"))
+
+
+def _owners_variant(s: dict) -> str:
+    if s["pipeline"] == "distdgl":
+        return "halo" if s.get("halo_cache") else "distdgl"
+    return "histories" if s.get("roots") == "histories" else "lamp"
+
+
+SHARE_MIN_GAIN = 0.05  # a whole gain under this share of the baseline is left unsplit (noise)
+
+
+def _share(values: List[Optional[float]]) -> List[str]:
+    """Each step's share of the whole gain from values[0] to values[-1] (one per step), in %; "–"
+    when the whole gain is under SHARE_MIN_GAIN of values[0] (its split would be noise)."""
+    if None in values or not abs(values[0] - values[-1]) >= SHARE_MIN_GAIN * abs(values[0]):
+        return ["–"] * (len(values) - 1)
+    total = values[0] - values[-1]
+    return [f"{100 * (a - b) / total:+.0f}%" for a, b in zip(values, values[1:])]
+
+
+def owners_section(runs: List[dict]) -> List[str]:
+    """bench=lamp's ablation-owners suites: distdgl, distdgl reading its halo from a local copy,
+    lamp with the roots read from the trainer's histories and lamp, at the same dataset, layers
+    and bandwidth; what each step adds to the gain from distdgl to lamp."""
+    ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("lamp", "distdgl")
+          and s["_rel"].startswith("ablation-owners")]
+    cells: Dict[tuple, Dict[str, dict]] = defaultdict(dict)
+    for s in sorted(ok, key=lambda s: s["_rel"]):
+        if s["pipeline"] == "lamp" and s.get("bits") not in (None, 8):
+            continue
+        cells[(s["dataset"], s.get("layers"), bandwidth(s))].setdefault(_owners_variant(s), s)
+    rows, shares = [], []
+    for (ds, layers, bw), got in sorted(cells.items(), key=lambda kv: str(kv[0])):
+        d = got.get("distdgl")
+        for key, name in OWNERS_STEPS:
+            s = got.get(key)
+            if s is None:
+                continue
+            b, t = _beyond_allreduce(s), median_epoch_s(s)
+            bd, td = (_beyond_allreduce(d), median_epoch_s(d)) if d else (None, None)
+            rows.append(f"| {ds} | {layers} | {bw or '–'} | {name} | {kb(s.get('net_bytes_per_batch'))} | {kb(b)} | "
+                        f"{(bd / b if b and bd else float('nan')):.1f}x | {fmt(t, '.2f')} | "
+                        f"{(td / t if t and td else float('nan')):.2f}x | {s.get('epochs')} | {fmt(s.get('test'))} | "
+                        + (f"{(s['test'] - d['test']) * 100:+.2f} |" if d and s.get("test") is not None
+                           and d.get("test") is not None else "– |"))
+        if len(got) == len(OWNERS_STEPS):
+            steps = [got[k] for k, _ in OWNERS_STEPS]
+            for what, values in (("bytes beyond all-reduce", [_beyond_allreduce(s) for s in steps]),
+                                 ("epoch time", [median_epoch_s(s) for s in steps])):
+                shares.append(f"| {ds} | {layers} | {bw or '–'} | {what} | " + " | ".join(_share(values)) + " |")
+    if not rows:
+        return []
+    out = ["## LAMP: what the owners add", "",
+           "The gain from distdgl to lamp in steps (bench=lamp's ablation-owners suites, the same partitions, "
+           "seeds and batches): distdgl reading its machine's halo features from a local copy made at setup "
+           "(`pipeline.halo_cache=true`: caching alone), lamp with every remote top-hop root read from the "
+           "trainer's own quantized histories (`pipeline.roots=histories`: LAMP's computation on local data and "
+           "stale halo rows, no owner round trip), and lamp (the owners' fresh answers). Bytes per trainer and "
+           "batch on the wire; epoch time the median; test at the best validation point, and its difference "
+           "from distdgl in points.", "",
+           "| dataset | layers | bandwidth | variant | net KB/batch | beyond all-reduce KB | distdgl / this | "
+           "epoch s | distdgl / this | epochs | test | vs distdgl (points) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+    if shares:
+        out += ["Each step's share of the gain from distdgl to lamp (negative: that step costs more than it saves; "
+                f"–: the whole gain is under {SHARE_MIN_GAIN:.0%} of distdgl's, too small to split):",
+                "", "| dataset | layers | bandwidth | measure | halo cache | lamp's computation (histories) | "
+                "owners' fresh answers |", "|---|---|---|---|---|---|---|", *shares, ""]
+    return out
+
+
 def _bytes_picks(ok: List[dict]) -> Dict[tuple, dict]:
     """(pipeline, dataset, layers) -> the run whose wire bytes stand for it (lamp at 8 bits; a
     `bytes-*` suite's run first)."""
     pick: Dict[tuple, dict] = {}
     for s in sorted(ok, key=lambda s: (not _group(s).startswith("bytes"), s["_rel"])):
-        if s["pipeline"] == "lamp" and s.get("bits") != 8:
+        if (s["pipeline"] == "lamp" and s.get("bits") != 8) or ablated(s):
             continue
         if _beyond_allreduce(s) is None:
             continue
@@ -894,6 +973,7 @@ def write_report(results: Path, title: str = "degnn benchmark") -> Path:
     lines += tma_section(runs, results)
     lines += lamp_section(runs)
     lines += lamp_ablations(runs)
+    lines += owners_section(runs)
     curves = plot_curves(runs, results / "curves.png")
     bytes_png = plot_bytes(runs, results / "bytes_per_batch.png")
     if curves:

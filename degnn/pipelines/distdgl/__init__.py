@@ -9,22 +9,79 @@ forward/backward through the DDP wrapper -> gradient all-reduce -> Adam step.
 The task decides what a batch is (degnn/tasks): node classification samples around training
 nodes; link prediction (the TMA paper's synchronous baseline) takes mini-batches of training
 edges with one uniform negative each and the MLP decoder, evaluated by MRR.
+
+`pipeline.halo_cache=true` (an ablation of LAMP's halo replica, bench=lamp's ablation-owners):
+the features of the machine's 1-hop halo nodes (the nodes of other machines its DGL partition
+holds as halo, the same set LAMP's trainer copies) are copied once at setup, in pieces
+(`setup_bytes`); sampling still goes through the graph servers, and a batch pulls only its other
+remote input nodes' rows (`HaloCache`). The `features` bytes count those rows only.
 """
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from dataclasses import dataclass
+from typing import Iterator, List, Optional
 
+import dgl
+import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from degnn.metrics import ID_BYTES, ring_allreduce_bytes, sampling_bytes, timed_allreduce_hook
 from degnn.pipelines.base import Pipeline
+from degnn.pipelines.distdgl.config import DistDGLConfig
 from degnn.runtime.device import to_device
+
+CACHE_CHUNK_BYTES = 32 * 2**20  # the halo copy is read in pieces of about this much
+
+
+class HaloCache:
+    """Feature rows by global id: those of `gids` (the machine's halo nodes) from a local copy
+    made here, in pieces of CACHE_CHUNK_BYTES; every other row from `feat` (the DistTensor: own
+    rows from shared memory, remote ones pulled from their owners)."""
+
+    def __init__(self, feat, gids: torch.Tensor):
+        self.feat = feat
+        self.gids = torch.sort(gids.long()).values
+        dim = feat.shape[1]
+        self.rows = torch.empty(len(self.gids), dim, dtype=torch.float32)
+        step = max(1, CACHE_CHUNK_BYTES // (4 * dim))
+        for lo in range(0, len(self.gids), step):
+            self.rows[lo:lo + step] = feat[self.gids[lo:lo + step]].float()
+        self.shape = feat.shape
+
+    def find(self, ids: torch.Tensor):
+        """(mask of the `ids` the copy holds, their rows' positions in it)."""
+        if not len(self.gids):
+            return torch.zeros(len(ids), dtype=torch.bool), torch.zeros(len(ids), dtype=torch.int64)
+        at = torch.searchsorted(self.gids, ids).clamp(max=len(self.gids) - 1)
+        return self.gids[at] == ids, at
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.long()
+        hit, at = self.find(ids)
+        out = torch.empty(len(ids), self.shape[1], dtype=torch.float32)
+        out[hit] = self.rows[at[hit]]
+        if not bool(hit.all()):
+            out[~hit] = self.feat[ids[~hit]].float()
+        return out
+
+
+@dataclass
+class DistDGLSummary:
+    """distdgl's own summary keys."""
+
+    halo_cache: bool
+    # halo_cache: rows in the copy (all trainers), and per batch of a trainer the remote input
+    # rows read from it and those still pulled from their owners
+    halo_cache_rows: Optional[int]
+    halo_cache_hit_rows_per_batch: Optional[float]
+    remote_feature_rows_per_batch: float
 
 
 class DistDGLPipeline(Pipeline):
     name = "distdgl"
     tasks = ("node", "link")
     shortens_epochs = True
+    config_schema = DistDGLConfig
 
     def setup(self) -> None:
         ctx, cfg, task = self.ctx, self.cfg, self.task
@@ -35,6 +92,14 @@ class DistDGLPipeline(Pipeline):
         in_dim = g.ndata["feat"].shape[1]
         self.feat_row_bytes = in_dim * 4
         self.build_model(in_dim)
+        self.feat = g.ndata["feat"]
+        self.cache: Optional[HaloCache] = None
+        self.rows = {"cached": 0, "pulled": 0}  # remote input rows: read from the halo copy, pulled
+        if cfg.pipeline.halo_cache:
+            part = g.local_partition
+            halo = part.ndata[dgl.NID][~part.ndata["inner_node"].bool()]
+            self.cache = self.feat = HaloCache(g.ndata["feat"], halo)
+            self.setup_bytes = len(halo) * (self.feat_row_bytes + ID_BYTES)
         # Every forward goes through the DDP wrapper: calling submodules directly would skip
         # DDP's gradient hooks silently (docs/design.md, "Pitfalls the code relies on").
         self.ddp = DistributedDataParallel(self.model)
@@ -65,15 +130,20 @@ class DistDGLPipeline(Pipeline):
             yield batch
 
     def step(self, batch) -> float:
-        task, counter, g = self.task, self.ctx.counter, self.ctx.graph
+        task, counter = self.task, self.ctx.counter
         input_nodes, blocks = batch[0], batch[-1]
         remote = self.pb.nid2partid(input_nodes) != self.pb.partid
         counter.add("sampling", sampling_bytes(remote, blocks) + task.lookup_bytes(self.pb, batch))
-        # remote feature rows: 8 bytes of id out, one feature row back
+        if self.cache is not None:  # halo rows come from the local copy
+            cached = remote & self.cache.find(input_nodes.long())[0]
+            self.rows["cached"] += int(cached.sum())
+            remote = remote & ~cached
+        self.rows["pulled"] += int(remote.sum())
+        # remote feature rows pulled: 8 bytes of id out, one feature row back
         counter.add("features", int(remote.sum()) * (self.feat_row_bytes + ID_BYTES))
         task.observe(batch)
         with self.timer("owner_wait"):  # the feature (and label) pulls from the machines that own the rows
-            x, y = task.inputs(batch, g.ndata["feat"])
+            x, y = task.inputs(batch, self.feat)
         batch, x, y = to_device((batch, x, y), self.device)
         with self.timer("compute"):
             loss = task.loss(self.ddp, batch, x, y)
@@ -83,3 +153,13 @@ class DistDGLPipeline(Pipeline):
 
     def evaluate(self):
         return self.evaluator()
+
+    def rank_stats(self) -> dict:
+        return {"rows": dict(self.rows), "cache_rows": None if self.cache is None else len(self.cache.gids)}
+
+    def summary_extra(self, ranks: List[dict], context: dict) -> DistDGLSummary:
+        batches = sum(r["batches"] for r in ranks) or 1
+        on = self.cache is not None
+        return DistDGLSummary(on, sum(r["cache_rows"] for r in ranks) if on else None,
+                              sum(r["rows"]["cached"] for r in ranks) / batches if on else None,
+                              sum(r["rows"]["pulled"] for r in ranks) / batches)

@@ -59,7 +59,11 @@ evaluator's, as for distdgl.
 Choices where the paper is silent (docs/background.md, "LAMP (DEGNN)"), and why:
 * Histories keep h^(1..L-2) only (GAS keeps L-1 tables): a remote node's h^(L-1) is always
   prepared fresh by its owner, so that table would never be read; a 2-layer model has no
-  history at all (nothing to push or synchronise).
+  history at all (nothing to push or synchronise). The ablation `pipeline.roots=histories` (what
+  the owners' fresh answers add) keeps h^(L-1) too and reads the roots from it instead of asking
+  their owners: that table is initialised, pushed for boundary nodes and refreshed by the halo
+  sync like the others (the budget then counts the roots read), and a batch asks nothing of other
+  machines but the halo sync.
 * The halo sync has a byte budget (`pipeline.sync_budget`), not only a period. Syncing every
   changed halo row moves |halo| x (L-2) rows per `halo_sync_steps` steps: on synthetic-arxiv (23k halo
   nodes a machine) ten times the per-batch LAMP traffic at 3 layers and twice that at 4, so the

@@ -33,9 +33,10 @@ def _empty() -> torch.Tensor:
 @dataclass
 class Setup:
     """An owner's set-up (to a graph server, from its machine's trainer). meta: dict(kind, in_dim,
-    hidden, out_dim, layers, dropout, heads, fanouts, bits, seed, fusion); halo_ids: local ids of
-    halo nodes, halo_x: their input features; boundary: local ids of own nodes that are halo
-    nodes of other machines (the only own rows anyone reads from the histories)."""
+    hidden, out_dim, layers, dropout, heads, fanouts, bits, seed, fusion, history_layers: the
+    history tables kept); halo_ids: local ids of halo nodes, halo_x: their input features;
+    boundary: local ids of own nodes that are halo nodes of other machines (the only own rows
+    anyone reads from the histories)."""
     meta: dict
     halo_ids: torch.Tensor
     halo_x: torch.Tensor
@@ -229,9 +230,9 @@ class Owner:
 
         m = setup.meta
         model = GNN(m["kind"], m["in_dim"], m["hidden"], m["out_dim"], m["layers"], m["dropout"], m["heads"])
-        # h^(1..L-2): the layers read as leaves (the top hidden layer, h^(L-1), is always prepared
-        # fresh by the owners, so its history would never be read)
-        history = History(lg.num_nodes, m["hidden"], m["layers"] - 2, m["bits"])
+        # h^(1..L-2): the layers read as leaves (the top hidden layer, h^(L-1), is prepared fresh
+        # by the owners, so its history is kept only with pipeline.roots=histories)
+        history = History(lg.num_nodes, m["hidden"], m["history_layers"], m["bits"])
         halo_x = torch.zeros(lg.num_nodes, feat.shape[1])
         halo_x[setup.halo_ids] = setup.halo_x.float()
         boundary = torch.zeros(lg.num_nodes, dtype=torch.bool)

@@ -36,6 +36,11 @@ class LAMPConfig(PipelineConfig):
     # torch.distributed; one trainer per machine; measured a little faster here, bench=lamp's
     # ablation-engine) or server (DGL's graph servers, over DGL RPC; any number of trainers)
     engine: str = "trainer"
+    # where the remote top-hop roots' h^(L-1) come from: owners (prepared fresh by the machines that
+    # own them, LAMP) or histories (read from this machine's quantized histories, which then keep
+    # h^(L-1) too, refreshed by the halo sync: no owner round trip; the ablation of what the
+    # owners' fresh answers add)
+    roots: str = "owners"
     # the set-up reads the halo nodes' features and fills the histories in pieces of this many
     # MB (no whole halo or partition copy in flight beside what the machine keeps)
     setup_chunk_mb: float = 32.0

@@ -18,15 +18,17 @@ from degnn.pipelines.lamp.history import oldest_first
 
 
 class HaloSync:
-    def __init__(self, lg, pb, layers: int, seed: int, budget: Optional[float], since_margin: int):
+    def __init__(self, lg, pb, tables: int, seed: int, budget: Optional[float], since_margin: int):
+        """`tables`: the history tables h^(1..tables) kept for the halo nodes (L-2, or L-1 with
+        pipeline.roots=histories)."""
         halo = torch.nonzero(~lg.inner).flatten()
         self.local, self.gid = halo, lg.nid[halo]
         self.owner = pb.nid2partid(self.gid)
         # by position in `halo`: each owner's positions, and the step each row of each history
         # table was last refreshed from its owner (a budgeted sync takes the oldest first)
         self.pos_by_owner = {int(m): torch.nonzero(self.owner == m).flatten() for m in torch.unique(self.owner)}
-        self.refreshed = torch.zeros(max(layers - 2, 0), len(halo), dtype=torch.int64)
-        self.tables = list(range(1, layers - 1))
+        self.refreshed = torch.zeros(tables, len(halo), dtype=torch.int64)
+        self.tables = list(range(1, tables + 1))
         self.rng = torch.Generator().manual_seed(seed)
         self.budget, self.since_margin = budget, since_margin
         self.roots_at_sync = 0
@@ -40,7 +42,7 @@ class HaloSync:
         back what it prepared). Kept as `pending` until `store`. The margin of `since`: trainers
         can be a step apart, and an owner stamps what it computes with the version of its
         weights, up to weight_sync_steps (+ prefetch) steps old."""
-        if not self.tables:  # two layers: no history is ever read
+        if not self.tables:  # two layers (roots from owners): no history is ever read
             return []
         asks, plan = [], []  # plan: per ask, (table index, halo position) of each row it asks for
         if self.budget is None:

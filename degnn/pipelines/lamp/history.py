@@ -1,7 +1,8 @@
 """Quantized historical embeddings: one table per hidden layer read as a leaf, over one machine's
 local nodes (its own nodes and its halo nodes). GAS keeps h^(1) .. h^(L-1); here h^(L-1) of a
 remote node is always prepared fresh by its owner (that is LAMP's answer), so only h^(1) .. h^(L-2)
-are ever read, and only those are kept, pushed and synchronised (none for a 2-layer model).
+are ever read, and only those are kept, pushed and synchronised (none for a 2-layer model);
+with pipeline.roots=histories (the ablation) the roots read h^(L-1) from here, so it is kept too.
 
 Like pyg_autoscale's ``History``: ``push`` writes rows (quantized with stochastic rounding, stamped
 with the model version that computed them), ``pull`` reads them back as float32 with their age

@@ -249,13 +249,13 @@ class TrainerOwners(Owners):
         self.home = owner_rank[pb.partid]  # this machine's owner
         self.owner: Optional[Owner] = None
         if self.home == rank:
-            history = LockedHistory(lg.num_nodes, meta["hidden"], meta["layers"] - 2, meta["bits"])
+            history = LockedHistory(lg.num_nodes, meta["hidden"], meta["history_layers"], meta["bits"])
             # its own LocalGraph over the same arrays: the builder's scratch is not for two threads
             self.owner = Owner(LocalGraph(lg.indptr, lg.indices, lg.inner, lg.nid), feat, halo_x, boundary,
                                copy.deepcopy(model), meta, history)
         # a batch's middle blocks read this machine's histories: in this process, or asked of the
         # owner in the batch's round (`ask_local` hands the ask to the round thread)
-        self.pull_in_round = self.owner is None and meta["layers"] > 2
+        self.pull_in_round = self.owner is None and meta["history_layers"] > 0
         self._weights: Optional[Weights] = None  # waiting to be loaded into the replica
         self._asks: Dict[int, dict] = {}  # halo-sync, gradient and history asks for the next round, by rank
         self.lock = threading.Lock()

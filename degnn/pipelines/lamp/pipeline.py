@@ -35,6 +35,7 @@ def chunks(n: int, row_bytes: int, chunk_bytes: int):
         yield slice(lo, min(n, lo + step))
 
 ENGINES = ("server", "trainer")
+ROOTS = ("owners", "histories")
 
 
 class LampNet(nn.Module):
@@ -64,6 +65,12 @@ def check_lamp_config(pcfg, model_cfg) -> None:
     if pcfg.engine not in ENGINES:
         raise ValueError(f"pipeline.engine={pcfg.engine}: choose server (the owners' preparation runs in DGL's graph "
                          f"servers) or trainer (in each machine's trainer process, over torch.distributed)")
+    if pcfg.roots not in ROOTS:
+        raise ValueError(f"pipeline.roots={pcfg.roots}: choose owners (the remote roots prepared by their owners, "
+                         f"LAMP) or histories (read from this machine's histories, the ablation)")
+    if pcfg.roots == "histories" and pcfg.grad == "push":
+        raise ValueError("pipeline.roots=histories asks no owner, so there is nothing to push gradients to: "
+                         "use pipeline.grad=stop")
     if pcfg.grad not in GRAD_MODES:
         raise ValueError(f"pipeline.grad={pcfg.grad}: this version implements {', '.join(GRAD_MODES)} "
                          f"(stop: owner answers are constants, GAS semantics; push: their gradients go back to the "
@@ -132,6 +139,9 @@ class LAMPPipeline(Pipeline):
         self.bits, self.L = int(pcfg.bits), int(cfg.model.layers)
         self.fanouts = [int(f) for f in cfg.model.fanouts]
         self.prefetch, self.fused, self.push = int(pcfg.prefetch), bool(pcfg.fusion), pcfg.grad == "push"
+        # roots=histories: the top block's leaves read history h^(L-1) too, so one more table
+        self.from_histories = pcfg.roots == "histories"
+        self.tables = self.L - 1 if self.from_histories else self.L - 2
         self.chunk_bytes = int(float(pcfg.setup_chunk_mb) * 2**20)
         self.pb = self.ctx.graph.get_partition_book()
         self.me = self.pb.partid
@@ -205,7 +215,7 @@ class LAMPPipeline(Pipeline):
         self.local_feat = g.ndata["feat"].local_partition  # own nodes' rows, by local id
         # labels by local id too: no DGL RPC may run while LAMP answers are in flight (service.receive)
         self.local_label = None if self.link else g.ndata["label"].local_partition
-        self.halo = HaloSync(self.lg, self.pb, self.L, int(cfg.train.seed) + self.ctx.rank, cfg.pipeline.sync_budget,
+        self.halo = HaloSync(self.lg, self.pb, self.tables, int(cfg.train.seed) + self.ctx.rank, cfg.pipeline.sync_budget,
                              int(cfg.pipeline.weight_sync_steps) + self.prefetch)
         self.halo_x = self._copy_halo(g.ndata["feat"])
         self.setup_bytes = (len(self.halo.gid) * (8 + self.in_dim * 4)) if self.leader else 0
@@ -247,7 +257,8 @@ class LAMPPipeline(Pipeline):
         self.step_no, self.weights_version = 0, -1
         meta = dict(kind=cfg.model.name, in_dim=self.in_dim, hidden=cfg.model.hidden, out_dim=self.out_dim,
                     layers=self.L, dropout=float(cfg.model.dropout), heads=cfg.model.heads,
-                    fanouts=self.fanouts, bits=self.bits, seed=int(cfg.train.seed) + self.me, fusion=self.fused)
+                    fanouts=self.fanouts, bits=self.bits, seed=int(cfg.train.seed) + self.me, fusion=self.fused,
+                    history_layers=self.tables)
         self.owners = make_owners(cfg.pipeline.engine, self.ctx, self.lg, self.local_feat, self.halo_x, self.boundary,
                                   self.gnn, meta, self.leader)
         dist.barrier()
@@ -256,12 +267,12 @@ class LAMPPipeline(Pipeline):
         dist.barrier()
 
     def _init_histories(self) -> None:
-        """h^(1..L-2) of every node of this partition from one whole-graph layer-wise pass, read
-        and stored in pieces (`chunks`)."""
+        """h^(1..L-2) (roots=histories: h^(1..L-1)) of every node of this partition from one
+        whole-graph layer-wise pass, read and stored in pieces (`chunks`)."""
         outputs = self.evaluator.inference()  # every trainer: collective
         if not self.leader:
             return
-        for layer in range(1, self.L - 1):
+        for layer in range(1, self.tables + 1):
             out = outputs[layer - 1]
             dim = out.shape[1]
             self.setup_bytes += int((~self.lg.inner).sum()) * (8 + dim * 4)
@@ -305,7 +316,7 @@ class LAMPPipeline(Pipeline):
         top_gid = lg.nid[top.leaves[0]]
         owner = self.pb.nid2partid(top_gid)
         masks, asks = [], []
-        for m in torch.unique(owner).tolist():
+        for m in ([] if self.from_histories else torch.unique(owner).tolist()):
             mask = owner == m
             asks.append((self.owners.pick(m), Roots(top_gid[mask], self.step_no)))
             masks.append(mask)
@@ -324,9 +335,11 @@ class LAMPPipeline(Pipeline):
         for i in range(3):
             self.fusion[i] += counts[i]
         mids = list(range(1, L - 1))
-        if mids:
-            self.owners.ask_local(ticket, HistoryPull(mids, [len(cg.leaves[k]) for k in mids],
-                                                      torch.cat([cg.leaves[k] for k in mids])))
+        layers, rows = mids, [cg.leaves[k] for k in mids]
+        if self.from_histories:  # the roots too, from this machine's h^(L-1) (one row per root)
+            layers, rows = mids + [L - 1], rows + [top.leaves[0]]
+        if layers:
+            self.owners.ask_local(ticket, HistoryPull(layers, [len(r) for r in rows], torch.cat(rows)))
         self.stats["roots"] += len(top_gid)
         self.stats["cg_nodes"] += cg.num_nodes
         # the local gathers here, not in _complete: owner_wait then measures only the owners
@@ -346,7 +359,10 @@ class LAMPPipeline(Pipeline):
         if got.pull is not None:
             rows = dequantize(got.pull.q, self.bits, hidden)
             self._count_ages(ages_summary([self.step_no - got.pull.stamp]))
-            leaves += list(torch.split(rows, [len(b.cg.leaves[k]) for k in range(1, self.L - 1)]))
+            parts = list(torch.split(rows, b.ticket.pull.counts))
+            if self.from_histories:
+                top_h = parts.pop()
+            leaves += parts
         if self.push:
             top_h.requires_grad_(True)  # its gradient goes back to the owners
         leaves.append(top_h if b.top_rows is None else top_h[b.top_rows])
@@ -430,7 +446,7 @@ class LAMPPipeline(Pipeline):
         pcfg = self.cfg.pipeline
         self._drain_background()
         pushes = []
-        for k, h in enumerate(hidden[:self.L - 2]):  # fresh h^(1..L-2) of the batch's boundary nodes
+        for k, h in enumerate(hidden[:self.tables]):  # fresh h^(1..L-2) (or L-1) of the batch's boundary nodes
             keep = self.boundary[cg.dst[k]]
             if bool(keep.any()):
                 pushes.append(HistoryRows.of(k + 1, cg.dst[k][keep], h[keep], self.step_no, self.bits))

@@ -11,6 +11,7 @@ class LAMPSummary:
 
     bits: int
     engine: str
+    roots: str
     grad: str
     halo_sync_steps: int
     weight_sync_steps: int
@@ -49,7 +50,7 @@ def lamp_summary(ranks: List[dict], p, bits: int) -> LAMPSummary:
     stat = {k: sum(r["stats"][k] for r in ranks) for k in ranks[0]["stats"]}
     done, separate, unfolded = (sum(r["fusion"][i] for r in ranks) for i in range(3))
     return LAMPSummary(**{"bits": bits,
-            "engine": p.engine, "grad": p.grad, "halo_sync_steps": p.halo_sync_steps, "weight_sync_steps": p.weight_sync_steps,
+            "engine": p.engine, "roots": p.roots, "grad": p.grad, "halo_sync_steps": p.halo_sync_steps, "weight_sync_steps": p.weight_sync_steps,
             "sync_budget": p.sync_budget,
             # halo history rows the syncs brought to this machine (per batch of a trainer)
             "history_sync_rows_per_batch": stat["sync_rows"] / batches,
