@@ -12,8 +12,11 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install -q --upgrade pip
 	# torch first and pinned, the CPU build: from the local wheel cache where there is one, else
 	# from PyTorch's CPU index (a bare `torch` from PyPI pulls a multi-GB CUDA build)
-	$(VPY) -m pip install -q --no-index torch==2.13.0 2>/dev/null || \
-	  $(VPY) -m pip install -q torch==2.13.0 --index-url $(TORCH_INDEX)
+	# (its dependencies then from the usual index; an ordinary host takes torch and them from
+	# PyTorch's CPU index and PyPI)
+	( $(VPY) -m pip install -q --no-index --no-deps torch==2.13.0 2>/dev/null && \
+	  $(VPY) -m pip install -q torch==2.13.0 ) || \
+	  $(VPY) -m pip install -q torch==2.13.0 --index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple
 	$(VPY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
