@@ -22,7 +22,7 @@ try:  # torch and DGL take seconds to import: Ctrl-C meanwhile is one line, not 
 
     from degnn.config import CONF_DIR, register_configs
     from degnn.models import check_model_config
-    from degnn.pipelines import check_task, check_trainers, typed_config
+    from degnn.pipelines import check_task, check_trainers, pipeline_class
 
     from .plan import LaunchError
     from .supervisor import STOP_SIGNALS
@@ -83,7 +83,7 @@ def main(cfg: DictConfig) -> None:
         machines = machines_of(cfg.cluster)
         if cfg.cluster.kind in ("ssh", "slurm"):
             task += count_ip_config(cfg.cluster, task, len(machines))
-        pipeline_cls = typed_config(cfg)  # its class, and its keys typed by the class's schema
+        pipeline_cls = pipeline_class(cfg)  # check_config has typed its keys by the class's schema
         check_task(pipeline_cls, cfg, config_dirs(hc))
         check_trainers(pipeline_cls, cfg)
         check_model_config(cfg.model)
