@@ -200,6 +200,12 @@ class SuiteConfig:
 class BenchConfig:
     name: str = MISSING
     suites: List[SuiteConfig] = field(default_factory=list)
+    # run the suite list this many times, every other time in reverse order (each compared pair
+    # in both orders), repeat k into <out>/<suite>/r<k>/ (1: <out>/<suite>/, one order)
+    repeats: int = 3
+    # CPUs of every netns machine of every launch suite (cluster.cpus_per_machine, appended to its
+    # overrides unless the suite sets it): the same budget for every run compared; null = none
+    cpus_per_machine: Optional[float] = 0.45
 
 
 @dataclass
@@ -211,6 +217,9 @@ class BenchJob:
     out: Optional[str] = None
     # only write the report from an existing results folder (`out=`), run nothing
     report_only: bool = False
+    # the folder of the committed run records (<records>/<bench>.jsonl, one line per run,
+    # appended after the suites; docs/benchmarks.md); null = write none
+    records: Optional[str] = "benchmarks/records"
 
 
 def register_configs() -> None:

@@ -2,7 +2,10 @@
 
 Each suite is a Hydra multirun of `degnn.launch` (one cluster per job) or of
 `degnn.bench.single_process` (the accuracy reference), with its sweep directory inside the results
-folder; afterwards every summary.json there goes into report.md and the PNG plots.
+folder. The suite list runs `bench.repeats` times, every other repeat in reverse order, every
+launch suite on netns machines of `bench.cpus_per_machine` CPUs. Afterwards every summary.json
+there goes into report.md and the PNG plots, and one record per run into the committed records
+(degnn.bench.records), from which `python -m degnn.bench.results_md` writes benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -10,13 +13,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Tuple
 
 import hydra
 from omegaconf import DictConfig
 
 from degnn.config import CONF_DIR, register_configs
 
+from .records import git_commit, utc, write_records
 from .report import plot_note, write_report
 
 register_configs()
@@ -39,30 +43,66 @@ def missing_datasets(suite) -> List[str]:
     return missing
 
 
+def plan(bench) -> List[Tuple[int, int, object]]:
+    """(repeat, position in the repeat's order, suite) in running order: the suite list
+    `bench.repeats` times, every odd repeat reversed."""
+    if bench.repeats < 1:
+        raise ValueError(f"bench.repeats={bench.repeats}: must be at least 1")
+    out = []
+    for rep in range(bench.repeats):
+        suites = list(bench.suites)[::-1] if rep % 2 else list(bench.suites)
+        out += [(rep, pos, suite) for pos, suite in enumerate(suites)]
+    return out
+
+
+def suite_overrides(bench, suite) -> List[str]:
+    """The suite's overrides, with the bench's CPU budget on a netns launch suite that sets none."""
+    extra = []
+    if (bench.cpus_per_machine is not None and suite.module == "degnn.launch"
+            and "cluster=netns" in suite.overrides
+            and not any(o.startswith("cluster.cpus_per_machine=") for o in suite.overrides)):
+        extra.append(f"cluster.cpus_per_machine={bench.cpus_per_machine}")
+    return [*suite.overrides, *extra]
+
+
+def sweep_dir(out: Path, bench, suite, rep: int) -> Path:
+    return out / suite.name / f"r{rep}" if bench.repeats > 1 else out / suite.name
+
+
 @hydra.main(config_path=CONF_DIR, config_name="bench", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     out = Path(cfg.out) if cfg.out else Path.cwd() / "benchmarks" / "results" / time.strftime("%Y%m%d-%H%M%S")
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     failed = []
+    orders: Dict[Tuple[str, int], int] = {}
     if not cfg.report_only:
         t0 = time.time()
-        for suite in cfg.bench.suites:
+        commit = git_commit(Path.cwd())
+        for rep, pos, suite in plan(cfg.bench):
             missing = missing_datasets(suite) if suite.only_on_disk else []
             if missing:
                 print(f"bench {cfg.bench.name}: suite {suite.name} skipped: {', '.join(missing)} not on disk "
                       f"(put the OGB files under dataset.root, default data/)", flush=True)
                 continue
-            cmd = [sys.executable, "-m", suite.module, "-m", *suite.overrides,
-                   f"hydra.sweep.dir={out / suite.name}", "hydra.sweep.subdir=${hydra.job.num}"]
-            print(f"bench {cfg.bench.name}: suite {suite.name}: {' '.join(cmd[1:])}", flush=True)
+            orders[(suite.name, rep)] = pos
+            cmd = [sys.executable, "-m", suite.module, "-m", *suite_overrides(cfg.bench, suite),
+                   f"hydra.sweep.dir={sweep_dir(out, cfg.bench, suite, rep)}", "hydra.sweep.subdir=${hydra.job.num}"]
+            print(f"bench {cfg.bench.name}: repeat {rep + 1}/{cfg.bench.repeats}, suite {suite.name}: "
+                  f"{' '.join(cmd[1:])}", flush=True)
             rc = subprocess.run(cmd, cwd=out.parent).returncode
             if rc != 0:
-                failed.append(suite.name)
+                failed.append(f"{suite.name} (repeat {rep + 1})")
                 print(f"bench: suite {suite.name} failed (exit {rc}); its runs are reported as far as they got",
                       file=sys.stderr, flush=True)
         print(f"bench {cfg.bench.name}: suites done in {time.time() - t0:.0f}s", flush=True)
     report = write_report(out, title=f"degnn benchmark: {cfg.bench.name}")
+    if orders and cfg.records:
+        from .report import collect
+
+        path = Path(cfg.records).resolve() / f"{cfg.bench.name}.jsonl"
+        n = write_records(collect(out), path, cfg.bench.name, orders, utc(t0), commit)
+        print(f"records: {n} runs appended to {path} (benchmarks/RESULTS.md: python -m degnn.bench.results_md)")
     print(f"report: {report}")
     if plot_note():
         print(f"bench {cfg.bench.name}: {plot_note()}", flush=True)

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 from degnn.metrics import read_curve
 
 from .scale import plot_growth, scale_section
+from .spread import cell, median, ratio_cell, spread
 
 PLOT_HINT = "no plots: matplotlib is not installed (pip install 'degnn[bench]'); every table is here"
 
@@ -255,6 +256,19 @@ def time_to(curve: List[dict], target: float) -> Optional[float]:
     return None
 
 
+def time_to_target(s: dict, target: Optional[float]) -> Optional[float]:
+    """The run's training time to `target` (evaluation excluded)."""
+    return None if target is None else time_to(s["_curve"], target)
+
+
+def time_from_launch(s: dict, target: Optional[float]) -> Optional[float]:
+    """The run's time from launch to `target`: its set-up (`setup_s`: DGL's initialisation with
+    the servers' partition load, the pipeline's and the evaluator's set-up) plus its training time
+    to the target (docs/benchmarks.md, "Time from launch"); None without a set-up time."""
+    t = time_to_target(s, target)
+    return None if t is None or s.get("setup_s") is None else t + s["setup_s"]
+
+
 def label_tv(s: dict) -> Optional[float]:
     """Mean label total-variation distance of the run's partitions (partitioners' stats.json)."""
     if s.get("label_tv_mean") is not None:
@@ -286,15 +300,17 @@ def mb(v) -> str:
     return "–" if v is None else f"{v / 1e6:,.2f}"
 
 
-def tma_section(runs: List[dict], results: Path) -> List[str]:
-    """TMA against the synchronous baseline under one wall-time budget (bench=tma)."""
+def tma_section(runs: List[dict], results: Path, plots: bool = True) -> List[str]:
+    """TMA against the synchronous baseline under one wall-time budget (bench=tma); `plots`: the
+    validation curves as PNGs into `results`."""
     ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("tma", "distdgl")]
     if not any(s.get("pipeline") == "tma" for s in ok):
         return []
     out = ["## TMA against the synchronous baseline (same wall-time budget)", "",
            "Training time excludes evaluation for every method (the paper's clock). Target = the "
-           "distdgl run's best validation − 1 point; speed-up = distdgl's time to the target / the "
-           "method's. Wire MB: bytes every machine's link sent over the whole run (netns veth), and "
+           "distdgl runs' best validation (the median over repeats) − 1 point; speed-up = distdgl's "
+           "time to the target (the median) / the method's; the table under each gives them over repeats, "
+           "also from launch (the run's set-up added: docs/benchmarks.md, \"Time from launch\"). Wire MB: bytes every machine's link sent over the whole run (netns veth), and "
            "during local training only (TMA: between rounds); averaging MB: parameters up and means "
            "down, counted by degnn. Edges kept: the share of the graph's edges the method trains on "
            "(TMA's induced subgraphs drop every cut edge). Label TV: the partitions' mean label "
@@ -303,9 +319,10 @@ def tma_section(runs: List[dict], results: Path) -> List[str]:
     for (ds, machines, bw, layers, model), group in tma_groups(ok):
         if not any(s["pipeline"] == "tma" for s in group):
             continue  # distdgl runs of another bench in the same results folder (bench=quick)
-        base = next((s for s in group if s["pipeline"] == "distdgl" and not failure(s)), None)
-        target = base["best_val"] - 0.01 if base and base.get("best_val") is not None else None
-        t_base = time_to(base["_curve"], target) if base and target is not None else None
+        bases = [s for s in group if s["pipeline"] == "distdgl" and not failure(s) and s.get("best_val") is not None]
+        base = bases[0] if bases else None
+        target = median(s["best_val"] for s in bases) - 0.01 if bases else None
+        t_base = median(t for t in (time_to_target(s, target) for s in bases) if t is not None)
         out += [f"### {ds}, {machines} machines, {bw or 'unlimited'} links, {layers} layers, {model}", "",
                 f"Target validation: {fmt(target)}" + (f" (distdgl reached it at {t_base:.1f}s)" if t_base else ""),
                 "", "| method | partition | edges kept | label TV | best val | test (best val) | test (final) | "
@@ -327,6 +344,7 @@ def tma_section(runs: List[dict], results: Path) -> List[str]:
                 mb(s.get("net_bytes_total")), mb(s.get("net_bytes_train")), mb(s.get("averaging_bytes")),
                 f"`{s['_rel']}`"]) + " |")
         out.append("")
+        out += tma_repeats(rows, bases, target)
         for s in group:
             if failure(s):
                 ref = next((r for r in group if method(r) == method(s) and not failure(r)), None)
@@ -335,7 +353,7 @@ def tma_section(runs: List[dict], results: Path) -> List[str]:
                     f"{ds} {bw or ''}", method(s), failure(s), str(s.get("trainers_alive", "–")),
                     fmt(s.get("test")), fmt(ref.get("test") if ref else None), fmt(drop, "+.2f"),
                     str(s.get("status")), f"`{s['_rel']}`"]) + " |")
-        png = plot_tma(group, base, target, results / f"tma-curves-{ds}-{bw or 'unlimited'}-{model}.png")
+        png = plots and plot_tma(group, base, target, results / f"tma-curves-{ds}-{bw or 'unlimited'}-{model}.png")
         if png:
             out += [f"![{ds} {bw}]({png.name})", ""]
     if fails:
@@ -344,6 +362,27 @@ def tma_section(runs: List[dict], results: Path) -> List[str]:
                 "| dataset | method | failure | trainers alive | test | test without failure | drop (points) | "
                 "status | run |", "|" + "---|" * 9, *fails, ""]
     return out
+
+
+def tma_repeats(rows: List[dict], bases: List[dict], target: Optional[float]) -> List[str]:
+    """Each method's time to the target over its repeats (median and min–max), from the start of
+    training and from launch, and its speed-up over distdgl's median (ranges overlapping: said)."""
+    if target is None:
+        return []
+    by: Dict[str, List[dict]] = defaultdict(list)
+    for s in rows:
+        by[method(s) + (f" ({failure(s)})" if failure(s) else "")].append(s)
+    out = ["Over repeats (median, min–max where they differ):", "",
+           "| method | runs reaching the target | time to target (s) | speed-up | from launch (s) | "
+           "speed-up from launch |", "|---|---|---|---|---|---|"]
+    for name, group in by.items():
+        cols = []
+        for clock in (time_to_target, time_from_launch):
+            t, tb = spread(clock(s, target) for s in group), spread(clock(s, target) for s in bases)
+            cols += [cell(t, ".1f"), ratio_cell(tb, t, bold=False)]
+        reached = sum(time_to_target(s, target) is not None for s in group)
+        out.append(f"| {name} | {reached} / {len(group)} | " + " | ".join(cols) + " |")
+    return out + [""]
 
 
 def tma_groups(ok: List[dict]) -> List[tuple]:
@@ -576,50 +615,78 @@ def ablated(s: dict) -> bool:
     return bool(s.get("halo_cache")) or s.get("roots", "owners") != "owners"
 
 
+LAMP_KNOBS = ("bits", "engine", "prefetch", "fusion", "grad", "sync_budget", "roots")
+
+
 def lamp_section(runs: List[dict]) -> List[str]:
-    """bench=lamp: each lamp run beside the distdgl run of the same group, dataset and layers;
-    bytes per batch against layers for both pipelines."""
+    """bench=lamp: each lamp setting beside the distdgl runs of the same group, dataset and layers
+    (every repeat of either: medians, with the min–max where they differ); bytes per batch against
+    layers for both pipelines."""
     ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("lamp", "distdgl") and not ablated(s)]
     if not any(s["pipeline"] == "lamp" for s in ok):
         return []
-    base = {(_group(s), s["dataset"], s.get("layers")): s for s in ok if s["pipeline"] == "distdgl"}
+    base: Dict[tuple, List[dict]] = defaultdict(list)
+    for s in ok:
+        if s["pipeline"] == "distdgl":
+            base[(_group(s), s["dataset"], s.get("layers"))].append(s)
+    settings: Dict[tuple, List[dict]] = defaultdict(list)
+    for s in ok:
+        if s["pipeline"] == "lamp":
+            settings[(_group(s), s["dataset"], s.get("layers"), bandwidth(s))
+                     + tuple(str(s.get(k)) for k in LAMP_KNOBS)].append(s)
+    order = sorted(settings, key=lambda k: (k[0], k[1], k[2] or 0, -(settings[k][0].get("bits") or 0), k))
     rows = []
-    for s in sorted((s for s in ok if s["pipeline"] == "lamp"),
-                    key=lambda s: (_group(s), s["dataset"], s.get("layers"), -(s.get("bits") or 0))):
-        d = base.get((_group(s), s["dataset"], s.get("layers")))
-        if d is None:
+    for key in order:
+        lamp, dist = settings[key], base.get(key[:3], [])
+        if not dist:
             continue
-        n, nd = s.get("net_bytes_per_batch"), d.get("net_bytes_per_batch")
-        t, td = median_epoch_s(s), median_epoch_s(d)
-        age = s.get("history_age_mean")
+        s = lamp[0]
+        med = lambda group, f: median(f(r) for r in group if f(r) is not None)  # noqa: E731
+        n, nd = med(lamp, lambda r: r.get("net_bytes_per_batch")), med(dist, lambda r: r.get("net_bytes_per_batch"))
+        t, td = spread(median_epoch_s(r) for r in lamp), spread(median_epoch_s(r) for r in dist)
+        acc, acc_d = med(lamp, lambda r: r.get("test")), med(dist, lambda r: r.get("test"))
+        ages = [r.get("history_age_max") for r in lamp if r.get("history_age_max") is not None]
         rows.append(
-            f"| {_group(s)} | {s['dataset']} | {s.get('layers')} | {s.get('bits')} | {s.get('epochs')} | "
+            f"| {key[0]} | {key[1]} | {key[2]} | {s.get('bits')} | {s.get('epochs')} | "
             f"{kb(nd)} / {kb(n)} | **{(nd / n if n and nd else float('nan')):.1f}x** | "
-            f"{kb(_beyond_allreduce(d))} / {kb(_beyond_allreduce(s))} | {fmt(td, '.2f')} / {fmt(t, '.2f')} | "
-            f"{fmt(d.get('test'))} / {fmt(s.get('test'))} | {(s['test'] - d['test']) * 100:+.2f} | "
-            f"{fmt(age, '.1f')} / {s.get('history_age_max', '–')} | {fmt(s.get('roots_per_batch'), '.0f')} |")
+            f"{kb(med(dist, _beyond_allreduce))} / {kb(med(lamp, _beyond_allreduce))} | {cell(td)} / {cell(t)} | "
+            f"{fmt(acc_d)} / {fmt(acc)} | {fmt((acc - acc_d) * 100 if None not in (acc, acc_d) else None, '+.2f')} | "
+            f"{fmt(med(lamp, lambda r: r.get('history_age_mean')), '.1f')} / {max(ages) if ages else '–'} | "
+            f"{fmt(med(lamp, lambda r: r.get('roots_per_batch')), '.0f')} | {ratio_cell(td, t, bold=False)} | "
+            f"{len(dist)} / {len(lamp)} |")
     out = ["## LAMP against DistDGL", "",
-           "Each lamp run beside the distdgl run of the same suite group, dataset and layers (same "
+           "Each lamp setting beside the distdgl runs of the same suite group, dataset and layers (same "
            "partitions, seeds, batch size and epochs). Bytes are on the wire per trainer and batch "
-           "(netns veth counters), in all and beyond the gradient all-reduce; epoch time is the median; "
-           "test at the best validation point.", "",
+           "(netns veth counters), in all and beyond the gradient all-reduce; epoch time is a run's median "
+           "epoch; test at the best validation point. Over repeats: the median, with the min–max in "
+           "brackets where the repeats differ; a ratio of medians whose two ranges overlap says so.", "",
            "| group | dataset | layers | bits | epochs | net KB/batch (distdgl / lamp) | distdgl / lamp | "
            "beyond all-reduce KB (distdgl / lamp) | epoch s (distdgl / lamp) | test (distdgl / lamp) | "
-           "difference (points) | history age mean / max | roots/batch |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+           "difference (points) | history age mean / max | roots/batch | epoch time distdgl / lamp | "
+           "runs (distdgl / lamp) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
     reach = []
-    for s in sorted((s for s in ok if s["pipeline"] == "lamp"), key=lambda s: (_group(s), s["dataset"])):
-        d = base.get((_group(s), s["dataset"], s.get("layers")))
-        if d is None or d.get("best_val") is None or len([r for r in d["_curve"] if "val" in r]) < 2:
+    for key in order:
+        lamp, dist = settings[key], base.get(key[:3], [])
+        dist = [d for d in dist if d.get("best_val") is not None and len([r for r in d["_curve"] if "val" in r]) >= 2]
+        if not dist:
             continue
-        target = d["best_val"] - 0.01
-        td, tl = time_to(d["_curve"], target), time_to(s["_curve"], target)
-        reach.append(f"| {_group(s)} | {s['dataset']} | {s.get('layers')} | {target:.4f} | {fmt(td, '.1f')} | "
-                     f"{fmt(tl, '.1f')} | **{(td / tl if td and tl else float('nan')):.2f}x** |")
+        target = median(d["best_val"] for d in dist) - 0.01
+        cols = []
+        for clock in (time_to_target, time_from_launch):
+            td, tl = spread(clock(d, target) for d in dist), spread(clock(s, target) for s in lamp)
+            cols += [cell(td, ".1f"), cell(tl, ".1f"), ratio_cell(td, tl)]
+        reached = sum(time_to_target(s, target) is not None for s in lamp)
+        reach.append(f"| {key[0]} | {key[1]} | {key[2]} | {lamp[0].get('bits')} | {target:.4f} | "
+                     + " | ".join(cols) + f" | {reached} / {len(lamp)} |")
     if reach:
-        out += ["Training time (s) to distdgl's best validation accuracy minus one point:", "",
-                "| group | dataset | layers | target | distdgl | lamp | distdgl / lamp |",
-                "|---|---|---|---|---|---|---|", *reach, ""]
+        out += ["Time (s) to distdgl's best validation accuracy minus one point (the median of its "
+                "repeats' best): training time (evaluation excluded), and from launch (the run's set-up "
+                "added: docs/benchmarks.md, \"Time from launch\"); median (min–max) over the repeats "
+                "that reached it.", "",
+                "| group | dataset | layers | bits | target | distdgl | lamp | distdgl / lamp | "
+                "distdgl from launch | lamp from launch | distdgl / lamp from launch | lamp runs reaching it |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|", *reach, ""]
     growth = []
     for (pipe, ds), pts in sorted(_bytes_vs_layers(ok).items()):
         if len(pts) >= 2:
@@ -633,20 +700,30 @@ def lamp_section(runs: List[dict]) -> List[str]:
 
 
 def lamp_ablations(runs: List[dict]) -> List[str]:
-    """bench=lamp's ablations: every lamp run with its asynchronous-pipeline and fusion
-    settings, beside the distdgl run of the same dataset, layers and bandwidth (epoch-time ratio)."""
+    """bench=lamp's ablations: every lamp setting with its asynchronous-pipeline and fusion
+    settings, beside the distdgl runs of the same dataset, layers and bandwidth (epoch-time ratio
+    of the medians over repeats; the other columns from the setting's median-epoch run)."""
     ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("lamp", "distdgl")]
     lamp = [s for s in ok if s["pipeline"] == "lamp" and "prefetch" in s and not ablated(s)]
     if not lamp:
         return []
-    base: Dict[tuple, dict] = {}
+    base: Dict[tuple, List[dict]] = defaultdict(list)
     for s in sorted((s for s in ok if s["pipeline"] == "distdgl" and not ablated(s)),
                     key=lambda s: (not _group(s).startswith("bytes"), s["_rel"])):
-        base.setdefault((s["dataset"], s.get("layers"), bandwidth(s)), s)  # a bytes-* suite's run first
+        group = base[(s["dataset"], s.get("layers"), bandwidth(s))]
+        if not group or _group(group[0]) == _group(s):  # one suite group's runs (a bytes-* one first)
+            group.append(s)
+    settings: Dict[tuple, List[dict]] = defaultdict(list)
+    for s in lamp:
+        settings[(s["dataset"], s.get("layers") or 0, str(bandwidth(s)), s["_rel"].split("/")[0])
+                 + tuple(str(s.get(k)) for k in LAMP_KNOBS) + (str(s.get("trainers")),)].append(s)
     rows = []
-    for s in sorted(lamp, key=lambda s: (s["dataset"], s.get("layers"), str(bandwidth(s)), s["_rel"])):
-        d = base.get((s["dataset"], s.get("layers"), bandwidth(s)))
-        t, td = median_epoch_s(s), (median_epoch_s(d) if d else None)
+    for key in sorted(settings):
+        group = settings[key]
+        ts = spread(median_epoch_s(r) for r in group)
+        s = min(group, key=lambda r: (abs((median_epoch_s(r) or 0) - (ts.median if ts else 0)), r["_rel"]))
+        dist = base.get((s["dataset"], s.get("layers"), bandwidth(s)), [])
+        td = spread(median_epoch_s(d) for d in dist)
         tb = s.get("time_per_batch_s") or {}
         ms = lambda k: fmt(1000 * tb[k], ".1f") if k in tb else "–"  # noqa: E731
         share = lambda k: fmt(100 * s[k], ".1f") if s.get(k) is not None else "–"  # noqa: E731
@@ -654,8 +731,8 @@ def lamp_ablations(runs: List[dict]) -> List[str]:
             f"| {s['_rel'].split('/')[0]} | {s['dataset']} | {s.get('layers')} | {bandwidth(s) or '–'} | "
             f"{s.get('engine', 'server')} | {s.get('prefetch')} | {s.get('fusion')} | {s.get('grad', 'stop')} | "
             f"{s.get('sync_budget', '–')} | "
-            f"{fmt(td, '.2f')} / {fmt(t, '.2f')} | "
-            f"**{(td / t if t and td else float('nan')):.2f}x** | {ms('owner_wait')} | {ms('compute')} | "
+            f"{cell(td)} / {cell(ts)} | "
+            f"{ratio_cell(td, ts)} | {ms('owner_wait')} | {ms('compute')} | "
             f"{share('fusion_saved_share')} / {share('fusion_saved_share_requests')} | "
             f"{fmt(s.get('owner_requests_per_computation'), '.2f')} | "
             f"{fmt(s.get('owner_version_lag_mean'), '.2f')} / {s.get('owner_version_lag_max', '–')} | "
@@ -665,7 +742,8 @@ def lamp_ablations(runs: List[dict]) -> List[str]:
             "Every lamp run with its `pipeline.engine` (where the owners' preparation runs: graph server or trainer), "
             "`pipeline.prefetch`, `pipeline.fusion`, `pipeline.grad` and `pipeline.sync_budget` "
             "(None: every changed halo row synced), beside the distdgl run of "
-            "the same dataset, layers and bandwidth. Owner wait and compute in ms per batch; fusion saved = "
+            "the same dataset, layers and bandwidth; epoch time the median (min–max) over repeats, the "
+            "other columns from the repeat of median epoch time. Owner wait and compute in ms per batch; fusion saved = "
             "share of (node, layer) computations saved against no fusion at all / against owners not "
             "merging queued requests; requests per computation = LAMP requests an owner answered with one "
             "computation graph; owner lag = steps between the owners' weights and the step using their "

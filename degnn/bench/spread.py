@@ -1,0 +1,67 @@
+"""Median and min–max of a quantity over a setting's repeats, and whether two sides' ranges overlap.
+
+bench.repeats runs every suite several times (both orders); a table gives each side's median with
+its min–max, and a ratio of two medians whose ranges overlap is marked so: the repeats do not
+separate the two sides.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+OVERLAP = "ranges overlap"
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+    def cell(self, spec: str = ".2f") -> str:
+        """`median (min–max)`, or the value alone for one repeat."""
+        if self.n == 1 or self.lo == self.hi:
+            return format(self.median, spec)
+        return f"{format(self.median, spec)} ({format(self.lo, spec)}–{format(self.hi, spec)})"
+
+    def rel_range(self) -> Optional[float]:
+        """(max − min) / median; None for a zero median."""
+        return (self.hi - self.lo) / self.median if self.median else None
+
+
+def median(values: Iterable[float]) -> Optional[float]:
+    v = sorted(values)
+    if not v:
+        return None
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+
+
+def spread(values: Iterable[Optional[float]]) -> Optional[Spread]:
+    """The spread of the values that are there (None left out); None when none is."""
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return None
+    return Spread(median(v), v[0], v[-1], len(v))
+
+
+def overlap(a: Optional[Spread], b: Optional[Spread]) -> bool:
+    """Whether two sides' min–max ranges overlap (false when both sides are single values: one
+    repeat each says nothing about the spread)."""
+    if a is None or b is None or (a.n < 2 and b.n < 2):
+        return False
+    return a.lo <= b.hi and b.lo <= a.hi
+
+
+def cell(s: Optional[Spread], spec: str = ".2f") -> str:
+    return "–" if s is None else s.cell(spec)
+
+
+def ratio_cell(num: Optional[Spread], den: Optional[Spread], bold: bool = True) -> str:
+    """num.median / den.median as `1.23x`, with the overlap mark when the ranges overlap."""
+    if num is None or den is None or not den.median or not num.median:
+        return "–"
+    text = f"{num.median / den.median:.2f}x"
+    text = f"**{text}**" if bold else text
+    return text + (f" ({OVERLAP})" if overlap(num, den) else "")

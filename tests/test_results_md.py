@@ -1,0 +1,125 @@
+"""Committed run records and benchmarks/RESULTS.md generated from them (no cluster)."""
+import json
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from degnn.bench.records import as_run, current, read_records, write_records
+from degnn.bench.report import collect
+from degnn.bench.results_md import bench_names, render
+from degnn.bench.spread import overlap, ratio_cell, spread
+from degnn.config import BenchConfig, SuiteConfig
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_committed_results_md_is_what_the_generator_writes_from_the_committed_records():
+    records = read_records(REPO / "benchmarks" / "records")
+    want = render(records, bench_names())
+    got = (REPO / "benchmarks" / "RESULTS.md").read_text()
+    assert got == want, "benchmarks/RESULTS.md is stale: run python -m degnn.bench.results_md and commit it"
+
+
+def test_spread_gives_median_min_max_and_says_when_ranges_overlap():
+    a, b = spread([2.0, 1.0, 3.0]), spread([2.5, 4.0, 5.0])
+    assert (a.median, a.lo, a.hi, a.n) == (2.0, 1.0, 3.0, 3) and a.cell() == "2.00 (1.00–3.00)"
+    assert overlap(a, b) and ratio_cell(b, a) == "**2.00x** (ranges overlap)"
+    c = spread([10.0, 11.0, None])
+    assert not overlap(a, c) and ratio_cell(c, a, bold=False) == "5.25x"
+    assert spread([None]) is None and spread([1.5]).cell() == "1.50"
+
+
+def test_the_suite_list_repeats_in_both_orders_with_one_cpu_budget():
+    from degnn.bench.__main__ import plan, suite_overrides, sweep_dir
+
+    suites = [SuiteConfig(name="a-distdgl", overrides=["cluster=netns", "pipeline=distdgl"]),
+              SuiteConfig(name="a-lamp", overrides=["cluster=netns", "pipeline=lamp"]),
+              SuiteConfig(name="single", module="degnn.bench.single_process", overrides=["dataset=wordnet"])]
+    bench = OmegaConf.structured(BenchConfig(name="x", suites=suites, repeats=3, cpus_per_machine=0.45))
+    names = [(rep, pos, s.name) for rep, pos, s in plan(bench)]
+    assert names == [(0, 0, "a-distdgl"), (0, 1, "a-lamp"), (0, 2, "single"),
+                     (1, 0, "single"), (1, 1, "a-lamp"), (1, 2, "a-distdgl"),
+                     (2, 0, "a-distdgl"), (2, 1, "a-lamp"), (2, 2, "single")]
+    assert suite_overrides(bench, suites[0])[-1] == "cluster.cpus_per_machine=0.45"
+    assert suite_overrides(bench, suites[2]) == ["dataset=wordnet"]  # one process: no cluster
+    assert sweep_dir(Path("/o"), bench, suites[1], 2) == Path("/o/a-lamp/r2")
+    bench.cpus_per_machine = None
+    bench.repeats = 1
+    assert suite_overrides(bench, suites[0]) == ["cluster=netns", "pipeline=distdgl"]
+    assert sweep_dir(Path("/o"), bench, suites[1], 0) == Path("/o/a-lamp")
+
+
+def _run(root, rel, curve, overrides, **summary):
+    d = root / rel
+    (d / ".hydra").mkdir(parents=True)
+    base = {"status": "ok", "model": "sage", "metric": "acc", "machines": 4, "dataset": "wordnet", "layers": 3,
+            "epochs": 2, "train_time_s": 20.0, "allreduce_bytes_per_batch": 100.0, "best_val": 0.5,
+            "bandwidth": "1gbit", "cpus_per_machine": 0.45, "per_process": {str(i): i for i in range(200)}}
+    (d / "summary.json").write_text(json.dumps({**base, **summary}))
+    (d / "curve.jsonl").write_text("".join(json.dumps({"epoch": e, "train_time_s": t, "wall_s": t + 1, "val": v,
+                                                       "test": v - 0.01, "eval_s": 0.5}) + "\n"
+                                           for e, (t, v) in enumerate(curve, 1)))
+    (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    (d / "config.yaml").write_text(OmegaConf.to_yaml({"cluster": {"kind": "netns", "machines": 4,
+                                                                  "cpus_per_machine": 0.45}}))
+
+
+def _invocation(root, lamp_times, lamp_setup=5.0):
+    """One bench=lamp invocation: 3 repeats of the accuracy-L3 pair."""
+    orders = {}
+    for rep, (tl, td) in enumerate(zip(lamp_times, (20.0, 22.0, 24.0))):
+        first = rep % 2
+        orders[("accuracy-L3-distdgl", rep)], orders[("accuracy-L3-lamp", rep)] = first, 1 - first
+        _run(root, f"accuracy-L3-distdgl/r{rep}/0", [(td / 2, 0.45), (td, 0.6)], ["pipeline=distdgl"],
+             pipeline="distdgl", best_val=0.6, test=0.58, net_bytes_per_batch=3000.0, epoch_times_s=[td / 2] * 2,
+             setup_s=2.0)
+        _run(root, f"accuracy-L3-lamp/r{rep}/0", [(tl / 2, 0.595), (tl, 0.61)], ["pipeline=lamp"],
+             pipeline="lamp", bits=8, prefetch=1, best_val=0.61, test=0.59, net_bytes_per_batch=400.0,
+             epoch_times_s=[tl / 2] * 2, setup_s=lamp_setup)
+    return orders
+
+
+def test_records_make_the_lamp_tables_with_medians_ranges_and_time_from_launch(tmp_path):
+    old, new, records = tmp_path / "old", tmp_path / "new", tmp_path / "records" / "lamp.jsonl"
+    write_records([], records, "lamp", {}, "x", "c0")  # no run: no file
+    assert not records.exists()
+    orders = _invocation(old, (8.0, 9.0, 10.0))
+    assert write_records(collect(old), records, "lamp", orders, "2026-01-01T00:00:00Z", "abc1234") == 6
+    orders = _invocation(new, (10.0, 12.0, 14.0), lamp_setup=10.0)
+    write_records(collect(new), records, "lamp", orders, "2026-01-02T00:00:00Z", "def5678-dirty")
+    lines = records.read_text().splitlines()
+    assert len(lines) == 12 and all(len(line) < 4000 for line in lines)
+    rec = json.loads(lines[-1])
+    assert rec["suite"] == "accuracy-L3-lamp" and rec["repeat"] == 2 and rec["order"] == 1
+    assert rec["overrides"] == ["pipeline=lamp"] and rec["commit"] == "def5678-dirty"
+    assert rec["settings"]["cluster"]["cpus_per_machine"] == 0.45 and "per_process" not in rec["summary"]
+    assert rec["curve"][0] == {"train_time_s": 7.0, "from_launch_s": 17.0, "val": 0.595, "test": 0.585,
+                               "eval_s": 0.5}
+    now = current(read_records(tmp_path / "records"))
+    assert len(now) == 6 and {r["invocation"] for r in now} == {"2026-01-02T00:00:00Z"}
+    assert as_run(now[0])["_rel"].startswith("accuracy-L3-")
+    text = render(read_records(tmp_path / "records"), ["lamp", "tma"])
+    assert "## bench=lamp" in text and "commit def5678-dirty" in text and "abc1234" not in text
+    assert "3 repeats, every other one with the suites in reverse order" in text
+    assert "limited to 0.45 CPUs" in text
+    # epoch s: distdgl 10 / 11 / 12, lamp 5 / 6 / 7 -> medians 11 and 6, ranges apart: no overlap mark
+    assert "| 11.00 (10.00–12.00) / 6.00 (5.00–7.00) |" in text and "| 1.83x | 3 / 3 |" in text
+    # target 0.6 - 0.01: distdgl at 20 / 22 / 24 s, lamp at 5 / 6 / 7 s; from launch +2 and +10 s
+    assert ("| accuracy-L3 | wordnet | 3 | 8 | 0.5900 | 22.0 (20.0–24.0) | 6.0 (5.0–7.0) | **3.67x** | "
+            "24.0 (22.0–26.0) | 16.0 (15.0–17.0) | **1.50x** | 3 / 3 |") in text
+    assert "## Benches without current records" in text and "- `bench=tma`" in text
+
+
+def test_the_tma_table_gives_time_to_target_over_repeats_from_launch_with_overlap(tmp_path):
+    from degnn.bench.report import tma_section
+
+    for rep, (td, tt) in enumerate(((40.0, 18.0), (36.0, 30.0), (44.0, 38.0))):
+        _run(tmp_path, f"d/r{rep}/0", [(td / 2, 0.6), (td, 0.72)], [], pipeline="distdgl", best_val=0.72,
+             test=0.7, setup_s=3.0, layers=2)
+        _run(tmp_path, f"t/r{rep}/0", [(tt, 0.715)], [], pipeline="tma", variant="random", best_val=0.715,
+             test=0.71, setup_s=9.0, layers=2)
+    text = "\n".join(tma_section(collect(tmp_path), tmp_path, plots=False))
+    # distdgl 36 / 40 / 44 (median 40), RandomTMA 18 / 30 / 38 (median 30): ranges overlap
+    assert "| tma/random | 3 / 3 | 30.0 (18.0–38.0) | 1.33x (ranges overlap) | 39.0 (27.0–47.0) | " in text
+    assert "| distdgl | 3 / 3 | 40.0 (36.0–44.0) | 1.00x (ranges overlap) | 43.0 (39.0–47.0) |" in text
+    assert not list(tmp_path.glob("*.png"))
