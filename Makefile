@@ -32,10 +32,10 @@ test: setup
 BENCHES ?= default parity tma lamp link
 
 bench: setup
-	set -e; for b in $(BENCHES); do $(VPY) -m degnn.bench bench=$$b; done
+	set -e; for b in $(BENCHES); do $(VPY) -m degnn.bench bench=$$b; done; $(VPY) -m degnn.bench.results_md
 
 bench-quick: setup
-	$(VPY) -m degnn.bench bench=quick
+	$(VPY) -m degnn.bench bench=quick && $(VPY) -m degnn.bench.results_md
 
 # leftovers of killed launchers: namespaces, links, holders, processes, DGL shared memory
 cleanup:

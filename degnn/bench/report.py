@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 from degnn.metrics import read_curve
 
+from .records import repeat_of
 from .scale import plot_growth, scale_section
 from .spread import cell, median, ratio_cell, spread
 
@@ -878,6 +879,8 @@ PHASES = ("sampling", "owner_wait", "compute", "allreduce", "history", "other")
 def _short(s: dict) -> str:
     """A run's name in the breakdown: suite, dataset, and the lamp knobs that set it apart."""
     text = f"{s['_rel'].split('/')[0]} {s.get('dataset')}"
+    if repeat_of(s["_rel"]) or s["_rel"].split("/")[1:2] == ["r0"]:
+        text += f" (repeat {repeat_of(s['_rel']) + 1})"
     if s.get("pipeline") == "lamp":
         text += f" b{s.get('bits')}"
         for key, tag in (("prefetch", "k"), ("fusion", "fusion=")):
