@@ -58,6 +58,34 @@ def provenance(records: List[dict]) -> str:
             "no min–max over repeats, a row is one run.")
 
 
+def repeat_spread(records: List[dict]) -> List[str]:
+    """How far a setting's repeats agree: the median epoch time (TMA: round) of each repeat, the
+    median and min–max over them, and (max − min) / median."""
+    from . import report
+    from .records import setting
+    from .spread import cell, spread
+
+    by: Dict[tuple, List[dict]] = defaultdict(list)
+    for r in records:
+        if r["summary"].get("status") == "ok":
+            by[setting(r)].append(r)
+    rows = []
+    for key in sorted(by, key=str):
+        group = by[key]
+        s = spread(report.median_epoch_s(r["summary"]) for r in group)
+        if s is None or s.n < 2:
+            continue
+        run = as_run(group[0])
+        rows.append(f"| {group[0]['suite']} | {report.label(run)} | {s.n} | {cell(s)} | "
+                    f"{'–' if s.rel_range() is None else format(100 * s.rel_range(), '.0f') + '%'} |")
+    if not rows:
+        return []
+    return ["## Agreement of repeats", "",
+            "Each setting's epoch time (a run's median epoch; TMA: its round) over its repeats: the "
+            "median, the min–max, and the min–max as a share of the median.", "",
+            "| suite | run | repeats | epoch s | spread (of the median) |", "|---|---|---|---|---|", *rows, ""]
+
+
 def bench_section(name: str, records: List[dict]) -> List[str]:
     from . import report
     from .scale import scale_section
@@ -73,6 +101,7 @@ def bench_section(name: str, records: List[dict]) -> List[str]:
     body += report.owners_section(runs)
     body += report.breakdown_section(runs)
     body += scale_section(runs, Path("."), lambda rs, path: None)
+    body += repeat_spread(records)
     if not body:
         body = ["No comparison table for these runs; their summaries are in the records.", ""]
     return [f"## bench={name}", "", provenance(records), "", *_demote(body)]
