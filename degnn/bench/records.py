@@ -75,6 +75,10 @@ def _overrides(run_dir: Optional[Path]) -> List[str]:
     return [str(o) for o in OmegaConf.load(path)]
 
 
+def _round(v, digits: int = 6):
+    return round(v, digits) if isinstance(v, float) else v
+
+
 def compact_curve(s: dict) -> List[dict]:
     """One line per evaluation: training time, time from launch (set-up + training time), the
     validation and test metric, the evaluation's seconds."""
@@ -85,7 +89,7 @@ def compact_curve(s: dict) -> List[dict]:
             continue
         line = {"train_time_s": r["train_time_s"],
                 "from_launch_s": round(setup + r["train_time_s"], 3) if setup is not None else None,
-                "val": r["val"], "test": r.get("test")}
+                "val": _round(r["val"]), "test": _round(r.get("test"))}
         if r.get("eval_s") is not None:
             line["eval_s"] = r["eval_s"]
         out.append(line)
