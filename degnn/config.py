@@ -194,6 +194,9 @@ class SuiteConfig:
     overrides: List[str] = field(default_factory=list)
     # skip the suite (with a message) when one of its datasets is not on disk (real OGB data)
     only_on_disk: bool = False
+    # run in only the first this-many of the bench's repeats (null: all); e.g. 1 for the long
+    # converged baseline run that only sets a time-to-target comparison's target
+    repeats: Optional[int] = None
 
 
 @dataclass

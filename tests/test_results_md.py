@@ -43,6 +43,8 @@ def test_the_suite_list_repeats_in_both_orders_with_one_cpu_budget():
     assert suite_overrides(bench, suites[0])[-1] == "cluster.cpus_per_machine=0.45"
     assert suite_overrides(bench, suites[2]) == ["dataset=wordnet"]  # one process: no cluster
     assert sweep_dir(Path("/o"), bench, suites[1], 2) == Path("/o/a-lamp/r2")
+    bench.suites[2].repeats = 1  # a suite that runs in the first repeat only (a converged baseline)
+    assert [(rep, s.name) for rep, _, s in plan(bench) if s.name == "single"] == [(0, "single")]
     bench.cpus_per_machine = None
     bench.repeats = 1
     assert suite_overrides(bench, suites[0]) == ["cluster=netns", "pipeline=distdgl"]
@@ -105,7 +107,7 @@ def test_records_make_the_lamp_tables_with_medians_ranges_and_time_from_launch(t
     # epoch s: distdgl 10 / 11 / 12, lamp 5 / 6 / 7 -> medians 11 and 6, ranges apart: no overlap mark
     assert "| 11.00 (10.00–12.00) / 6.00 (5.00–7.00) |" in text and "| 1.83x | 3 / 3 |" in text
     # target 0.6 - 0.01: distdgl at 20 / 22 / 24 s, lamp at 5 / 6 / 7 s; from launch +2 and +10 s
-    assert ("| accuracy-L3 | wordnet | 3 | 8 | 0.5900 | 22.0 (20.0–24.0) | 6.0 (5.0–7.0) | **3.67x** | "
+    assert ("| accuracy-L3 | wordnet | 3 | 8 | 0.5900 (compared runs) | 22.0 (20.0–24.0) | 6.0 (5.0–7.0) | **3.67x** | "
             "24.0 (22.0–26.0) | 16.0 (15.0–17.0) | **1.50x** | 3 / 3 |") in text
     # how far the repeats of a setting agree: (12 - 10) / 11
     assert "| accuracy-L3-distdgl | distdgl wordnet L3 M4 1gbit | 3 | 11.00 (10.00–12.00) | 18% |" in text
@@ -125,3 +127,15 @@ def test_the_tma_table_gives_time_to_target_over_repeats_from_launch_with_overla
     assert "| tma/random | 3 / 3 | 30.0 (18.0–38.0) | 1.33x (ranges overlap) | 39.0 (27.0–47.0) | " in text
     assert "| distdgl | 3 / 3 | 40.0 (36.0–44.0) | 1.00x (ranges overlap) | 43.0 (39.0–47.0) |" in text
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_a_converged_baseline_run_sets_the_time_to_target(tmp_path):
+    from degnn.bench.report import lamp_section
+
+    _invocation(tmp_path, (8.0, 9.0, 10.0))
+    # distdgl's own longer run reached 0.605: the target is 0.595, which lamp reaches in its first half
+    _run(tmp_path, "accuracy-L3-converged/0", [(10.0, 0.5), (30.0, 0.605), (40.0, 0.6)], ["pipeline=distdgl"],
+         pipeline="distdgl", best_val=0.605, test=0.6, epochs=3, epoch_times_s=[10.0] * 3, setup_s=2.0)
+    text = "\n".join(lamp_section(collect(tmp_path)))
+    assert "| accuracy-L3 | wordnet | 3 | 8 | 0.5950 (converged (3 epochs)) | 22.0 (20.0–24.0) | 4.5 (4.0–5.0) |" in text
+    assert "| accuracy-L3-converged |" not in text  # it sets the target, it is not a compared pair

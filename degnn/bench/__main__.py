@@ -51,6 +51,7 @@ def plan(bench) -> List[Tuple[int, int, object]]:
     out = []
     for rep in range(bench.repeats):
         suites = list(bench.suites)[::-1] if rep % 2 else list(bench.suites)
+        suites = [s for s in suites if s.repeats is None or rep < s.repeats]
         out += [(rep, pos, suite) for pos, suite in enumerate(suites)]
     return out
 
