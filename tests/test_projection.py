@@ -143,7 +143,7 @@ def test_section_projects_ratios_with_crossovers_and_the_cli(tmp_path, capsys):
     lines = P.projection_section([summary(), lamp])
     text = "\n".join(lines)
     assert "lamp/distdgl:" in text and "tma/distdgl:" in text
-    assert sum(line.startswith("| 1x |") for line in lines) == 2
+    assert sum(line.startswith("| 1x |") for line in lines) == 3
     assert "ratio = 1 at" in text
     for i, s in enumerate([summary(), lamp]):
         d = tmp_path / str(i)

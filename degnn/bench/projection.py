@@ -20,10 +20,12 @@ degnn.metrics.PhaseTimer (summary `time_per_batch_s`):
 
 Overlap: lamp with `prefetch` >= 1 has the owners' round of the next batch in flight while the
 trainer trains, so its wait is max(0, owners' bytes and round trips - the rest of the batch) plus
-the owner wait's CPU part; distdgl with `prefetch` >= 1 overlaps sampling and the feature pull
-with training (a batch takes the longer of the two, and on machines whose CPU the loader shares,
-at least their CPU together). Whatever overlaps, a batch cannot be faster than its machine's link
-carrying every byte of it.
+the owner wait's CPU part. distdgl calibrated on a synchronous run can be predicted with a
+prefetching loader (`prefetch=1`): sampling and the feature pull overlap training, a batch takes
+the longer of the two (and, where the loader shares the machine's CPU, at least their CPU
+together); a prefetching distdgl run's phases are what its overlap left exposed, and are predicted
+as they are. Whatever overlaps, a batch cannot be faster than its machine's link carrying every
+byte of it.
 
 Speed 1x is one core of the calibrating host per machine: a run at `cluster.cpus_per_machine` c
 calibrates at speed c. An epoch is the run's batches per trainer times the batch time.
@@ -37,11 +39,12 @@ parameter copies each way on that machine's link.
 """
 from __future__ import annotations
 
+import json
 import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 # which phase each byte category's time falls in
 CATEGORY_PHASE = {"sampling": "sampling", "features": "owner_wait", "allreduce": "allreduce",
@@ -141,6 +144,8 @@ def calibrate(s: dict, latency_s: float = 0.0) -> Calibration:
     by = phase_bytes(s)
     rt = round_trips(s)
     prefetch = int(s.get("prefetch") or 0)
+    if s.get("pipeline") == "distdgl":
+        prefetch = 0  # its phases are what the overlap left exposed: predicted as they are
     cpu = {}
     for p in PHASES:
         net = by.get(p, 0.0) / b + rt.get(p, 0.0) * latency_s
@@ -225,11 +230,12 @@ def log_grid(lo: float, hi: float, n: int) -> List[float]:
 
 
 def ratio_grid(num: Calibration, den: Calibration, bandwidths: Sequence[float], speeds: Sequence[float],
-               latency_s: float = LATENCY_S, shared_cpu: bool = False) -> List[List[float]]:
+               latency_s: float = LATENCY_S, shared_cpu: bool = False,
+               den_prefetch: Optional[int] = None) -> List[List[float]]:
     """[speed][bandwidth] -> epoch(num) / epoch(den), both at the same batches per epoch."""
     n = den.batches_per_epoch
     return [[epoch_time(num, b, s, latency_s, shared_cpu=shared_cpu, batches=n)
-             / epoch_time(den, b, s, latency_s, shared_cpu=shared_cpu, batches=n)
+             / epoch_time(den, b, s, latency_s, den_prefetch, shared_cpu=shared_cpu, batches=n)
              for b in bandwidths] for s in speeds]
 
 
@@ -244,7 +250,14 @@ def fmt_rate(bps: float) -> str:
 
 # ---------------------------------------------------------------- the check against measurement
 
-def _group_key(s: dict) -> tuple:
+def _group_key(s: dict):
+    """Runs of one group differ in their link and CPU budget only (their config.yaml otherwise)."""
+    cfg = s.get("_config")
+    if cfg:
+        cfg = json.loads(json.dumps(cfg, default=str))
+        for key in ("bandwidth", "cpus_per_machine"):
+            (cfg.get("cluster") or {}).pop(key, None)
+        return json.dumps(cfg, sort_keys=True)
     return (s.get("pipeline"), s.get("variant"), s.get("dataset"), s.get("layers"),
             tuple(s.get("fanouts") or ()), s.get("machines"), s.get("trainers"), s.get("bits"))
 
@@ -295,43 +308,64 @@ def _kind(src: dict, target: dict) -> str:
 
 # ---------------------------------------------------------------- the projection's report
 
-def _pick(runs: List[dict], pipeline: str) -> Optional[dict]:
-    """The run a pipeline's projection calibrates on: the fastest link, then the most CPU."""
-    cands = [s for s in usable(runs) if s.get("pipeline") == pipeline]
-    if pipeline == "tma":
-        cands = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") == "tma"
-                 and s.get("time_per_batch_s") and s.get("variant") == "random"]
+# a pipeline's defaults, preferred when a results folder holds ablations too
+DEFAULTS = {"distdgl": {"halo_cache": False}, "tma": {"variant": "random"},
+            "lamp": {"bits": 8, "prefetch": 1, "fusion": True, "engine": "trainer", "roots": "owners",
+                     "grad": "stop"}}
+
+
+def _pick(runs: List[dict], pipeline: str, like: Optional[dict] = None) -> Optional[dict]:
+    """The run a pipeline's projection calibrates on: its defaults, the same dataset, model and
+    machines as `like`, then the fastest link and the most CPU."""
+    cands = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") == pipeline
+             and s.get("time_per_batch_s")]
+    if like is not None:
+        same = ("dataset", "layers", "fanouts", "hidden", "machines", "trainers")
+        cands = [s for s in cands if all(s.get(k) == like.get(k) for k in same)]
     if not cands:
         return None
-    return max(cands, key=lambda s: (rate(_bandwidth(s)) if _bandwidth(s) else math.inf,
-                                     s.get("cpus_per_machine") or 0.0))
+
+    def rank(s):
+        defaults = sum(s.get(k, v) == v for k, v in DEFAULTS.get(pipeline, {}).items())
+        bw = _bandwidth(s)
+        return (defaults, rate(bw) if bw else math.inf, s.get("cpus_per_machine") or 0.0)
+
+    return max(cands, key=rank)
 
 
 def calibrations(runs: List[dict], sync_every_s: float = 5.0) -> Dict[str, Calibration]:
-    """distdgl, lamp and tma calibrations for the projection's grid (tma: a RandomTMA run's time
-    per batch, else distdgl's compute)."""
-    out = {}
-    for name in ("distdgl", "lamp", "tma"):
-        s = _pick(runs, name)
+    """distdgl, lamp and tma calibrations of one dataset and model for the projection's grid (tma:
+    a RandomTMA run's time per batch, else distdgl's compute)."""
+    base = _pick([s for s in runs if _bandwidth(s)], "distdgl")
+    if base is None:
+        return {}
+    out = {"distdgl": calibrate(base)}
+    for name in ("lamp", "tma"):
+        s = _pick(runs, name, like=base)
         if s is not None:
             out[name] = calibrate(s)
     if "tma" in out and out["tma"].sync_every_s is None:
         out["tma"].sync_every_s = sync_every_s
-    if "tma" not in out and "distdgl" in out:
-        base = _pick(runs, "distdgl")
+    if "tma" not in out:
         w = base.get("machines") or 2
         params = (base.get("allreduce_bytes_per_batch") or 0) / (2 * (w - 1) / w)
         out["tma"] = tma_from_distdgl(out["distdgl"], params, sync_every_s)
     return out
 
 
-def crossover_rows(num: Calibration, den: Calibration, latency_s: float = LATENCY_S) -> List[str]:
+# the projected ratios: (title, numerator, distdgl's prefetch)
+RATIOS = (("lamp/distdgl", "lamp", None), ("lamp/distdgl with a prefetching loader (modelled)", "lamp", 1),
+          ("tma/distdgl", "tma", None))
+
+
+def crossover_rows(num: Calibration, den: Calibration, latency_s: float = LATENCY_S,
+                   den_prefetch: Optional[int] = None) -> List[str]:
     """Per speed: the ratio at each table bandwidth, and the bandwidth where it crosses 1."""
     fine = log_grid(rate("100mbit"), rate("100gbit"), 61)
     rows = []
     for sp in SPEEDS:
-        vals = ratio_grid(num, den, [rate(b) for b in BANDWIDTHS], [sp], latency_s)[0]
-        curve = ratio_grid(num, den, fine, [sp], latency_s)[0]
+        vals = ratio_grid(num, den, [rate(b) for b in BANDWIDTHS], [sp], latency_s, den_prefetch=den_prefetch)[0]
+        curve = ratio_grid(num, den, fine, [sp], latency_s, den_prefetch=den_prefetch)[0]
         x = crossing(fine, curve)
         where = fmt_rate(x) if x else ("none (below 1 throughout)" if curve[0] < 1 else "none (above 1 throughout)")
         rows.append(f"| {sp}x | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {where} |")
@@ -368,9 +402,9 @@ def projection_section(runs: List[dict], out: Optional[Path] = None) -> List[str
                   + (f" and {cals['tma'].source}" if "tma" in cals else "") + ".", ""]
         head = "| speed | " + " | ".join(BANDWIDTHS) + " | ratio = 1 at |"
         sep = "|---|" + "---|" * (len(BANDWIDTHS) + 1)
-        for name in ("lamp", "tma"):
+        for title, name, pre in RATIOS:
             if name in cals:
-                lines += [f"{name}/distdgl:", "", head, sep] + crossover_rows(cals[name], d) + [""]
+                lines += [f"{title}:", "", head, sep] + crossover_rows(cals[name], d, den_prefetch=pre) + [""]
         if out is not None:
             png = plot_projection(cals, Path(out) / "projection.png")
             if png:
@@ -385,12 +419,12 @@ def plot_projection(cals: Dict[str, Calibration], path: Path) -> Optional[Path]:
     plt = _pyplot()
     if plt is None or "distdgl" not in cals:
         return None
-    names = [n for n in ("lamp", "tma") if n in cals]
+    panels = [r for r in RATIOS if r[1] in cals]
     bws = log_grid(rate("100mbit"), rate("100gbit"), 61)
     sps = log_grid(1, 50, 41)
-    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4.2), squeeze=False)
-    for ax, name in zip(axes[0], names):
-        z = ratio_grid(cals[name], cals["distdgl"], bws, sps)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.4), squeeze=False)
+    for ax, (title, name, pre) in zip(axes[0], panels):
+        z = ratio_grid(cals[name], cals["distdgl"], bws, sps, den_prefetch=pre)
         bits = [8 * b for b in bws]
         mesh = ax.pcolormesh(bits, sps, [[math.log2(v) for v in row] for row in z], cmap="RdBu_r",
                              vmin=-3, vmax=3, shading="auto")
@@ -400,7 +434,7 @@ def plot_projection(cals: Dict[str, Calibration], path: Path) -> Optional[Path]:
         ax.set_yscale("log")
         ax.set_xlabel("link bandwidth per machine (bit/s)")
         ax.set_ylabel("compute speed (1x = one core of this host)")
-        ax.set_title(f"{name}/distdgl epoch time (solid: 1; dotted: 1/4, 1/2, 2)", fontsize=9)
+        ax.set_title(f"{title}\nepoch-time ratio (solid: 1; dotted: 1/4, 1/2, 2)", fontsize=9)
         cb = fig.colorbar(mesh, ax=ax)
         cb.set_label("log2 ratio (below 0: faster than distdgl)")
     fig.tight_layout()
