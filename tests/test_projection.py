@@ -24,6 +24,7 @@ def summary(pipeline="distdgl", bandwidth="1gbit", cpus=0.5, phases=None, cats=N
          "machines": 4, "trainers": 4, "epochs": 1, "batches": batches, "status": "ok",
          "time_per_batch_s": phases, "app_bytes_by_category": {k: v * batches for k, v in cats.items()},
          "app_bytes_per_batch": per_batch, "net_bytes_per_batch": per_batch, "cpus_per_machine": cpus,
+         "allreduce_bytes_per_batch": cats.get("allreduce", 0.0),
          "bandwidth": bandwidth, "_rel": f"{pipeline}-{bandwidth}-{cpus}"}
     s["epoch_times_s"] = [epoch if epoch is not None else 10 * sum(phases.values())]
     s.update(extra)
@@ -153,3 +154,19 @@ def test_section_projects_ratios_with_crossovers_and_the_cli(tmp_path, capsys):
     assert (tmp_path / "projection.md").read_text().startswith("# degnn: projection to real clusters")
     assert P.main([str(tmp_path / "nothing")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_the_grid_calibrates_on_defaults_of_one_dataset_at_the_fastest_link():
+    base = summary()
+    slow = summary(bandwidth="100mbit")
+    other = summary("lamp", dataset="other", prefetch=1, bits=8, fusion=True)
+    ablation = summary("lamp", prefetch=0, bits=8, fusion=True)
+    default = summary("lamp", bandwidth="100mbit", prefetch=1, bits=8, fusion=True)
+    cals = P.calibrations([slow, base, other, ablation, default])
+    assert cals["distdgl"].source == base["_rel"]
+    assert cals["lamp"].prefetch == 1 and cals["lamp"].source == default["_rel"]
+    assert cals["tma"].source.endswith("(distdgl's compute)")
+    # the parameters from the ring's bytes: 2 (W - 1) / W of one copy
+    assert cals["tma"].param_bytes == pytest.approx(0.25 * MB / 1.5)
+    with pytest.raises(ValueError, match="cannot calibrate"):
+        P.calibrate(summary(batches=0))

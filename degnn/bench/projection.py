@@ -137,8 +137,9 @@ def calibrate(s: dict, latency_s: float = 0.0) -> Calibration:
     """Per-batch CPU, bytes and round trips of run `s` (a summary.json dict); `latency_s`: the
     round trip of the run's own links (netns: 0)."""
     phases = s.get("time_per_batch_s")
-    if not phases:
-        raise ValueError(f"run {s.get('_rel', s.get('pipeline'))} has no time_per_batch_s: it cannot calibrate a projection")
+    if not phases or not s.get("batches"):
+        raise ValueError(f"run {s.get('_rel', s.get('pipeline'))} has no time_per_batch_s or batches: "
+                         "it cannot calibrate a projection")
     bw = _bandwidth(s)
     b = rate(bw) if bw else math.inf
     by = phase_bytes(s)
@@ -275,7 +276,7 @@ def measured_epoch(s: dict) -> Optional[float]:
 
 
 def usable(runs: List[dict]) -> List[dict]:
-    return [s for s in runs if s.get("status") == "ok" and s.get("time_per_batch_s")
+    return [s for s in runs if s.get("status") == "ok" and s.get("time_per_batch_s") and s.get("batches")
             and s.get("pipeline") in ("distdgl", "lamp") and _bandwidth(s) and measured_epoch(s)]
 
 
@@ -318,7 +319,7 @@ def _pick(runs: List[dict], pipeline: str, like: Optional[dict] = None) -> Optio
     """The run a pipeline's projection calibrates on: its defaults, the same dataset, model and
     machines as `like`, then the fastest link and the most CPU."""
     cands = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") == pipeline
-             and s.get("time_per_batch_s")]
+             and s.get("time_per_batch_s") and s.get("batches")]
     if like is not None:
         same = ("dataset", "layers", "fanouts", "hidden", "machines", "trainers")
         cands = [s for s in cands if all(s.get(k) == like.get(k) for k in same)]
