@@ -138,7 +138,10 @@ def test_section_labels_predictions_within_and_over_the_bar(tmp_path):
     assert P.verdict(0.19) == "within 20%" and P.verdict(-0.21) == "over 20%"
 
 
-def test_section_projects_ratios_with_crossovers_and_the_cli(tmp_path, capsys):
+def test_section_projects_ratios_with_crossovers_and_the_cli(tmp_path, capsys, monkeypatch):
+    from degnn.bench import report
+
+    monkeypatch.setattr(report, "_PYPLOT", [None])  # the tables only (the plot: bench=projection)
     lamp = summary("lamp", cats={"lamp_response": 0.05 * MB, "allreduce": 0.25 * MB}, prefetch=1,
                    rpc_round_trips_per_batch=1.0)
     lines = P.projection_section([summary(), lamp])
@@ -152,6 +155,7 @@ def test_section_projects_ratios_with_crossovers_and_the_cli(tmp_path, capsys):
         (d / "summary.json").write_text(json.dumps(s))
     assert P.main([str(tmp_path)]) == 0
     assert (tmp_path / "projection.md").read_text().startswith("# degnn: projection to real clusters")
+    assert not (tmp_path / "projection.png").exists()
     assert P.main([str(tmp_path / "nothing")]) == 2
     assert "is not a folder" in capsys.readouterr().err
 
