@@ -174,3 +174,12 @@ def test_the_grid_calibrates_on_defaults_of_one_dataset_at_the_fastest_link():
     assert cals["tma"].param_bytes == pytest.approx(0.25 * MB / 1.5)
     with pytest.raises(ValueError, match="cannot calibrate"):
         P.calibrate(summary(batches=0))
+
+
+def test_tma_without_phases_calibrates_on_its_steps_per_second():
+    s = summary("tma", cats={"averaging": 1.0}, param_bytes=1 * MB, sync_every_s=5.0, variant="random",
+                steps_per_s_per_trainer={"0": 4.0, "1": 6.0}, time_per_batch_s=None)
+    c = P.calibrate(s)
+    assert c.cpu_s == {"compute": pytest.approx(0.2), **{p: 0.0 for p in P.PHASES if p != "compute"}}
+    cals = P.calibrations([summary(), s])
+    assert cals["tma"].source == s["_rel"]
