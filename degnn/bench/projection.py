@@ -346,7 +346,7 @@ DEFAULTS = {"distdgl": {"halo_cache": False}, "tma": {"variant": "random"},
 
 def _pick(runs: List[dict], pipeline: str, like: Optional[dict] = None) -> Optional[dict]:
     """The run a pipeline's projection calibrates on: its defaults, the same dataset, model and
-    machines as `like`, then the fastest link and the most CPU."""
+    machines as `like`, then the most compute per CPU budget."""
     cands = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") == pipeline
              and (s.get("time_per_batch_s") or tma_phases(s)) and s.get("batches")]
     if like is not None:
@@ -356,9 +356,11 @@ def _pick(runs: List[dict], pipeline: str, like: Optional[dict] = None) -> Optio
         return None
 
     def rank(s):
+        # then the run whose machines got most of their CPU budget: the least CPU-seconds a
+        # batch's compute took (a host shared with other jobs delivers less than the budget)
         defaults = sum(s.get(k, v) == v for k, v in DEFAULTS.get(pipeline, {}).items())
-        bw = _bandwidth(s)
-        return (defaults, rate(bw) if bw else math.inf, s.get("cpus_per_machine") or 0.0)
+        compute = (s.get("time_per_batch_s") or tma_phases(s))["compute"]
+        return (defaults, -compute * (s.get("cpus_per_machine") or 1.0))
 
     return max(cands, key=rank)
 
