@@ -185,3 +185,23 @@ def test_tma_without_phases_calibrates_on_its_steps_per_second():
     assert c.cpu_s == {"compute": pytest.approx(0.2), **{p: 0.0 for p in P.PHASES if p != "compute"}}
     cals = P.calibrations([summary(), s])
     assert cals["tma"].source == s["_rel"]
+
+
+def test_bench_projection_composes():
+    from hydra import compose, initialize_config_dir
+
+    from degnn.config import CONF_DIR, register_configs
+
+    register_configs()
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        cfg = compose("bench", overrides=["bench=projection"])
+    names = [s.name for s in cfg.bench.suites]
+    assert names == ["distdgl", "lamp", "tma"]
+    sweep = " ".join(cfg.bench.suites[0].overrides)
+    assert "cluster.bandwidth=1gbit,100mbit" in sweep and "cluster.cpus_per_machine=0.25,0.45" in sweep
+    with initialize_config_dir(CONF_DIR, version_base="1.3"):
+        for suite in cfg.bench.suites:
+            first = [o.split("=", 1)[0] + "=" + o.split("=", 1)[1].split(",")[0] if "[" not in o else o
+                     for o in suite.overrides]
+            job = compose("config", overrides=first)
+            assert len(job.model.fanouts) == job.model.layers and job.cluster.cpus_per_machine in (0.25, 0.45)
