@@ -404,9 +404,48 @@ def crossover_rows(num: Calibration, den: Calibration, latency_s: float = LATENC
     return rows
 
 
-def projection_section(runs: List[dict], out: Optional[Path] = None) -> List[str]:
+def _median(values: List[float]) -> float:
+    v = sorted(values)
+    return (v[len(v) // 2] + v[(len(v) - 1) // 2]) / 2
+
+
+KINDS = ("bandwidth", "CPU", "bandwidth + CPU", "repeat")
+
+
+def compact_table(rows: List[dict]) -> List[str]:
+    """One line per measured setting: its measured epochs, and per kind of prediction the median
+    error with the speed from the budget / delivered, and the verdict on the worst delivered one."""
+    by: Dict[str, List[dict]] = {}
+    for r in rows:
+        by.setdefault(_setting(r["target"]), []).append(r)
+    kinds = [k for k in KINDS if any(r["kind"] == k for r in rows)]
+    out = ["| setting | runs | measured epoch s | " + " | ".join(f"from other {k}" if k != "repeat" else "from a repeat"
+                                                      for k in kinds) + " | |",
+           "|---|---|---|" + "---|" * (len(kinds) + 1)]
+    for setting, rs in sorted(by.items()):
+        targets = {id(r["target"]): r["measured"] for r in rs}
+        meas = sorted(targets.values())
+        cells = []
+        for k in kinds:
+            ks = [r for r in rs if r["kind"] == k]
+            if not ks:
+                cells.append("-")
+                continue
+            budget = _median([r["error"] for r in ks])
+            got = [r["error_delivered"] for r in ks if r["error_delivered"] is not None]
+            cells.append(f"{100 * budget:+.0f}% / " + (f"{100 * _median(got):+.0f}%" if got else "-"))
+        worst = max(abs(r["error_delivered"] if r["error_delivered"] is not None else r["error"]) for r in rs)
+        spread = f"{meas[0]:.2f}" if len(meas) == 1 else f"{_median(meas):.2f} ({meas[0]:.2f}-{meas[-1]:.2f})"
+        out.append(f"| {setting} | {len(meas)} | {spread} | " + " | ".join(cells) + f" | {verdict(worst)} |")
+    return out + ["", "Each cell: the median error of the predictions of that kind, with the speed from the CPU "
+                  "budget / the speed delivered; the verdict is on the setting's largest error with the speed "
+                  "delivered.", ""]
+
+
+def projection_section(runs: List[dict], out: Optional[Path] = None, detail: bool = False) -> List[str]:
     """The report's section: measured against predicted epochs, then the projected ratios and
-    their crossovers (and projection.png in `out` where matplotlib is there)."""
+    their crossovers (and projection.png in `out` where matplotlib is there); `detail`: every
+    prediction, one line each."""
     rows = checks(runs)
     cals = calibrations(runs)
     if not rows and not ("distdgl" in cals and "lamp" in cals):
@@ -419,15 +458,19 @@ def projection_section(runs: List[dict], out: Optional[Path] = None) -> List[str
              "or the speed it got: its compute phase against the calibration's (a host shared with other "
              "jobs may deliver less than the budget); the verdict is on the latter.", ""]
     if rows:
-        lines += ["| target | calibrated on | across | measured s | predicted s (speed: CPU budget) | error | "
-                  "predicted s (speed: delivered) | error | |", "|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            got = r["predicted_delivered"]
-            lines.append(f"| {_setting(r['target'])} | {_setting(r['source'])} | {r['kind']} | "
-                         f"{r['measured']:.2f} | {r['predicted']:.2f} | {100 * r['error']:+.0f}% | "
-                         + (f"{got:.2f} | {100 * r['error_delivered']:+.0f}% | {verdict(r['error_delivered'])} |"
-                            if got else f"- | - | {verdict(r['error'])} |"))
-        lines += ["", _summary_line(rows, "error", "Speed from the CPU budget"),
+        lines += compact_table(rows)
+        if detail:
+            lines += ["| target | calibrated on | across | measured s | predicted s (speed: CPU budget) | error | "
+                      "predicted s (speed: delivered) | error | |", "|---|---|---|---|---|---|---|---|---|"]
+            for r in rows:
+                got = r["predicted_delivered"]
+                lines.append(f"| {_setting(r['target'])} ({r['target'].get('_rel')}) | {_setting(r['source'])} "
+                             f"({r['source'].get('_rel')}) | {r['kind']} | {r['measured']:.2f} | {r['predicted']:.2f} | "
+                             f"{100 * r['error']:+.0f}% | "
+                             + (f"{got:.2f} | {100 * r['error_delivered']:+.0f}% | {verdict(r['error_delivered'])} |"
+                                if got else f"- | - | {verdict(r['error'])} |"))
+            lines.append("")
+        lines += [_summary_line(rows, "error", "Speed from the CPU budget"),
                   _summary_line(rows, "error_delivered", "Speed delivered (the target's compute phase)"), ""]
     if "distdgl" in cals and "lamp" in cals:
         d = cals["distdgl"]
@@ -483,7 +526,7 @@ def write(results: Path) -> Path:
 
     results = Path(results)
     runs = collect(results)
-    lines = projection_section(runs, results)
+    lines = projection_section(runs, results, detail=True)
     if not lines:
         raise SystemExit(f"degnn.bench.projection: no distdgl or lamp run with time_per_batch_s under {results}; "
                          "run `python -m degnn.bench bench=projection out=DIR` first")
