@@ -9,9 +9,10 @@ degnn.metrics.PhaseTimer (summary `time_per_batch_s`):
 
 * `bytes_p` (measured): the application bytes of the phase's categories per batch
   (`app_bytes_by_category` / `batches`), times the wire overhead (`net_bytes_per_batch` /
-  `app_bytes_per_batch`) and, except for the balanced ring all-reduce, the busiest machine's share
-  (largest per-machine sent or received bytes over the mean): netns caps each machine's link in
-  both directions (tc tbf), so the machine with the most bytes sets the pace.
+  `app_bytes_per_batch`). netns caps each machine's link in both directions (tc tbf), so the
+  machine with the most bytes sets the pace: what the busiest machine moves beyond the mean (its
+  larger of sent and received bytes over the mean machine's) is waited for in the all-reduce, the
+  first step every trainer takes together.
 * `round_trips_p` (counted, not measured): distdgl's sampler one per layer, its feature pull one,
   lamp's `rpc_round_trips_per_batch`, the ring all-reduce 2 (W - 1).
 * `cpu_p` (derived): the measured phase time less its byte and latency terms at the calibration
@@ -89,7 +90,8 @@ class Calibration:
 
 
 def phase_bytes(s: dict) -> Dict[str, float]:
-    """Wire bytes per batch by phase on the busiest machine (measured; module docstring)."""
+    """Wire bytes per batch by phase (measured; module docstring): the mean machine's in each
+    phase, and what the busiest machine has more in the all-reduce, where the others wait for it."""
     batches = s.get("batches") or 0
     if not batches:
         return {}
@@ -101,8 +103,11 @@ def phase_bytes(s: dict) -> Dict[str, float]:
         phase = CATEGORY_PHASE.get(cat)
         if phase is None:
             continue
-        share = 1.0 if cat == "allreduce" else skew
-        out[phase] = out.get(phase, 0.0) + total / batches * wire * share
+        mean = total / batches * wire
+        out[phase] = out.get(phase, 0.0) + mean
+        if cat != "allreduce" and skew > 1:
+            # the mean trainer waits for its own bytes, then in the all-reduce for the busiest's
+            out["allreduce"] = out.get("allreduce", 0.0) + mean * (skew - 1)
     return out
 
 
@@ -420,8 +425,8 @@ def compact_table(rows: List[dict]) -> List[str]:
         by.setdefault(_setting(r["target"]), []).append(r)
     kinds = [k for k in KINDS if any(r["kind"] == k for r in rows)]
     out = ["| setting | runs | measured epoch s | " + " | ".join(f"from other {k}" if k != "repeat" else "from a repeat"
-                                                      for k in kinds) + " | |",
-           "|---|---|---|" + "---|" * (len(kinds) + 1)]
+                                                      for k in kinds) + " | abs error | |",
+           "|---|---|---|" + "---|" * (len(kinds) + 2)]
     for setting, rs in sorted(by.items()):
         targets = {id(r["target"]): r["measured"] for r in rs}
         meas = sorted(targets.values())
@@ -434,12 +439,13 @@ def compact_table(rows: List[dict]) -> List[str]:
             budget = _median([r["error"] for r in ks])
             got = [r["error_delivered"] for r in ks if r["error_delivered"] is not None]
             cells.append(f"{100 * budget:+.0f}% / " + (f"{100 * _median(got):+.0f}%" if got else "-"))
-        worst = max(abs(r["error_delivered"] if r["error_delivered"] is not None else r["error"]) for r in rs)
+        errs = [abs(r["error_delivered"] if r["error_delivered"] is not None else r["error"]) for r in rs]
         spread = f"{meas[0]:.2f}" if len(meas) == 1 else f"{_median(meas):.2f} ({meas[0]:.2f}-{meas[-1]:.2f})"
-        out.append(f"| {setting} | {len(meas)} | {spread} | " + " | ".join(cells) + f" | {verdict(worst)} |")
+        out.append(f"| {setting} | {len(meas)} | {spread} | " + " | ".join(cells)
+                   + f" | {100 * _median(errs):.0f}% ({100 * max(errs):.0f}%) | {verdict(_median(errs))} |")
     return out + ["", "Each cell: the median error of the predictions of that kind, with the speed from the CPU "
-                  "budget / the speed delivered; the verdict is on the setting's largest error with the speed "
-                  "delivered.", ""]
+                  "budget / the speed delivered; |error|: the median (largest) over all the setting's "
+                  "predictions with the speed delivered, and the verdict on that median.", ""]
 
 
 def projection_section(runs: List[dict], out: Optional[Path] = None, detail: bool = False) -> List[str]:
