@@ -208,3 +208,13 @@ def test_bench_projection_composes():
                      for o in suite.overrides]
             job = compose("config", overrides=first)
             assert len(job.model.fanouts) == job.model.layers and job.cluster.cpus_per_machine in (0.25, 0.45)
+
+
+def test_a_prefetching_distdgl_run_is_projected_as_measured():
+    c = P.calibrate(summary(prefetch=1))
+    assert c.exposed and c.prefetch == 0
+    # its sampling and pull are what its overlap left: no second overlap on top
+    assert P.batch_time(c, GBIT, 0.5, prefetch=1) == pytest.approx(0.37)
+    lamp = summary("lamp", cats={"lamp_response": 0.05 * MB, "allreduce": 0.25 * MB}, prefetch=1)
+    text = "\n".join(P.projection_section([summary(prefetch=1), lamp]))
+    assert "lamp/distdgl:" in text and "prefetching loader (modelled)" not in text

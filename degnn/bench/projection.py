@@ -87,6 +87,7 @@ class Calibration:
     prefetch: int = 0
     param_bytes: Optional[float] = None  # TMA: one copy of the model
     sync_every_s: Optional[float] = None
+    exposed: bool = False  # distdgl measured with its prefetch: the phases are what it left exposed
 
 
 def phase_bytes(s: dict) -> Dict[str, float]:
@@ -156,7 +157,8 @@ def calibrate(s: dict, latency_s: float = 0.0) -> Calibration:
     by = phase_bytes(s)
     rt = round_trips(s)
     prefetch = int(s.get("prefetch") or 0)
-    if s.get("pipeline") == "distdgl":
+    exposed = s.get("pipeline") == "distdgl" and prefetch > 0
+    if exposed:
         prefetch = 0  # its phases are what the overlap left exposed: predicted as they are
     cpu = {}
     for p in PHASES:
@@ -171,7 +173,7 @@ def calibrate(s: dict, latency_s: float = 0.0) -> Calibration:
                        speed=float(s.get("cpus_per_machine") or 1.0),
                        batches_per_epoch=batches_per_epoch(s), machines=int(s.get("machines") or 1),
                        cpu_s=cpu, bytes=by, round_trips=rt, prefetch=prefetch,
-                       param_bytes=s.get("param_bytes"), sync_every_s=s.get("sync_every_s"))
+                       param_bytes=s.get("param_bytes"), sync_every_s=s.get("sync_every_s"), exposed=exposed)
 
 
 def batch_time(c: Calibration, bandwidth: float, speed: float, latency_s: float = 0.0,
@@ -179,7 +181,7 @@ def batch_time(c: Calibration, bandwidth: float, speed: float, latency_s: float 
     """Predicted seconds per batch at `bandwidth` (bytes/s), compute `speed` (1 = one core of the
     calibrating host) and `latency_s` per round trip. `shared_cpu`: the loader and the trainer
     share the machine's CPU (netns budgets); a real machine gives the loader cores of its own."""
-    prefetch = c.prefetch if prefetch is None else prefetch
+    prefetch = c.prefetch if prefetch is None or c.exposed else prefetch
     k = c.speed / speed
     net = {p: c.bytes.get(p, 0.0) / bandwidth + c.round_trips.get(p, 0.0) * latency_s for p in PHASES}
     cpu = {p: c.cpu_s.get(p, 0.0) * k for p in PHASES}
@@ -481,13 +483,14 @@ def projection_section(runs: List[dict], out: Optional[Path] = None, detail: boo
     if "distdgl" in cals and "lamp" in cals:
         d = cals["distdgl"]
         lines += [f"Projected epoch-time ratios (below 1: faster than distdgl), latency {1e3 * LATENCY_S:.1f} ms a "
-                  f"round trip, speed 1x = one core of this host per machine, loader on cores of its own; "
+                  f"round trip, speed 1x = one core of this host per machine, distdgl "
+                  f"{'with its prefetch, as measured' if d.exposed else 'synchronous, as measured (and a modelled prefetching loader on cores of its own)'}; "
                   f"calibrated on {d.source} and {cals['lamp'].source}"
                   + (f" and {cals['tma'].source}" if "tma" in cals else "") + ".", ""]
         head = "| speed | " + " | ".join(BANDWIDTHS) + " | ratio = 1 at |"
         sep = "|---|" + "---|" * (len(BANDWIDTHS) + 1)
         for title, name, pre in RATIOS:
-            if name in cals:
+            if name in cals and not (pre and d.exposed):
                 lines += [f"{title}:", "", head, sep] + crossover_rows(cals[name], d, den_prefetch=pre) + [""]
         if out is not None:
             png = plot_projection(cals, Path(out) / "projection.png")
@@ -503,7 +506,7 @@ def plot_projection(cals: Dict[str, Calibration], path: Path) -> Optional[Path]:
     plt = _pyplot()
     if plt is None or "distdgl" not in cals:
         return None
-    panels = [r for r in RATIOS if r[1] in cals]
+    panels = [r for r in RATIOS if r[1] in cals and not (r[2] and cals["distdgl"].exposed)]
     bws = log_grid(rate("100mbit"), rate("100gbit"), 61)
     sps = log_grid(1, 50, 41)
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.4), squeeze=False)
