@@ -31,10 +31,16 @@ byte of it.
 Speed 1x is one core of the calibrating host per machine: a run at `cluster.cpus_per_machine` c
 calibrates at speed c. An epoch is the run's batches per trainer times the batch time.
 
-TMA (local training plus model averaging every `sync_every_s`) is modelled from a TMA run's time
-per batch (no remote sampling or all-reduce), or, without one, from distdgl's compute and other
-phases; averaging sends the parameters to the service on machine 0 and the mean back, (W - 1)
-parameter copies each way on that machine's link.
+TMA (local training plus model averaging every `sync_every_s`) is modelled from a TMA run's
+seconds per step (1 / its trainers' mean steps per second; no remote sampling or all-reduce), or,
+without one, from distdgl's compute and other phases; averaging sends the parameters to the
+service on machine 0 and the mean back, (W - 1) parameter copies each way on that machine's link.
+
+The check (`checks`): every distdgl and lamp run is predicted from each other run of its group
+(same config but for the link and the CPU budget), with the target's speed from its CPU budget and
+from its compute phase against the calibration's (the speed it got; a shared host may deliver less
+than the budget). The projected grid (`calibrations`) uses, per pipeline, the run of its defaults
+whose compute took the fewest CPU-seconds a batch.
 
 `python -m degnn.bench.projection <results folder>` writes projection.md and projection.png there.
 """
