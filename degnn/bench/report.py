@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 from degnn.metrics import read_curve
 
+from .projection import projection_section
 from .records import repeat_of
 from .scale import plot_growth, scale_section
 from .spread import cell, median, ratio_cell, spread
@@ -1060,6 +1061,7 @@ def write_report(results: Path, title: str = "degnn benchmark") -> Path:
     lines += lamp_section(runs)
     lines += lamp_ablations(runs)
     lines += owners_section(runs)
+    lines += projection_section(runs, results)
     curves = plot_curves(runs, results / "curves.png")
     bytes_png = plot_bytes(runs, results / "bytes_per_batch.png")
     if curves:

@@ -88,6 +88,7 @@ def repeat_spread(records: List[dict]) -> List[str]:
 
 def bench_section(name: str, records: List[dict]) -> List[str]:
     from . import report
+    from .projection import projection_section
     from .scale import scale_section
 
     runs = [as_run(r) for r in sorted(records, key=lambda r: r["run"])]
@@ -101,6 +102,7 @@ def bench_section(name: str, records: List[dict]) -> List[str]:
     body += report.owners_section(runs)
     body += report.breakdown_section(runs)
     body += scale_section(runs, Path("."), lambda rs, path: None)
+    body += projection_section(runs)
     body += repeat_spread(records)
     if not body:
         body = ["No comparison table for these runs; their summaries are in the records.", ""]

@@ -1,0 +1,567 @@
+"""A calibrated projection of an epoch's time to other clusters (docs/benchmarks.md, "Projection to
+real clusters").
+
+One measured run calibrates a pipeline; the projection then predicts its epoch time at another
+bandwidth, latency and compute speed. Per batch and trainer, for each phase p of
+degnn.metrics.PhaseTimer (summary `time_per_batch_s`):
+
+    t_p = cpu_p / speed + bytes_p / bandwidth + round_trips_p * latency
+
+* `bytes_p` (measured): the application bytes of the phase's categories per batch
+  (`app_bytes_by_category` / `batches`), times the wire overhead (`net_bytes_per_batch` /
+  `app_bytes_per_batch`). netns caps each machine's link in both directions (tc tbf), so the
+  machine with the most bytes sets the pace: what the busiest machine moves beyond the mean (its
+  larger of sent and received bytes over the mean machine's) is waited for in the all-reduce, the
+  first step every trainer takes together.
+* `round_trips_p` (counted, not measured): distdgl's sampler one per layer, its feature pull one,
+  lamp's `rpc_round_trips_per_batch`, the ring all-reduce 2 (W - 1).
+* `cpu_p` (derived): the measured phase time less its byte and latency terms at the calibration
+  run's link (netns adds no delay: latency 0). Everything that is not bytes on the link counts as
+  CPU and scales with the speed, the all-reduce's wait for the slowest trainer included.
+
+Overlap: lamp with `prefetch` >= 1 has the owners' round of the next batch in flight while the
+trainer trains, so its wait is max(0, owners' bytes and round trips - the rest of the batch) plus
+the owner wait's CPU part. distdgl calibrated on a synchronous run can be predicted with a
+prefetching loader (`prefetch=1`): sampling and the feature pull overlap training, a batch takes
+the longer of the two (and, where the loader shares the machine's CPU, at least their CPU
+together); a prefetching distdgl run's phases are what its overlap left exposed, and are predicted
+as they are. Whatever overlaps, a batch cannot be faster than its machine's link carrying every
+byte of it.
+
+Speed 1x is one core of the calibrating host per machine: a run at `cluster.cpus_per_machine` c
+calibrates at speed c. An epoch is the run's batches per trainer times the batch time.
+
+TMA (local training plus model averaging every `sync_every_s`) is modelled from a TMA run's
+seconds per step (1 / its trainers' mean steps per second; no remote sampling or all-reduce), or,
+without one, from distdgl's compute and other phases; averaging sends the parameters to the
+service on machine 0 and the mean back, (W - 1) parameter copies each way on that machine's link.
+
+The check (`checks`): every distdgl and lamp run is predicted from each other run of its group
+(same config but for the link and the CPU budget), with the target's speed from its CPU budget and
+from its compute phase against the calibration's (the speed it got; a shared host may deliver less
+than the budget). The projected grid (`calibrations`) uses, per pipeline, the run of its defaults
+whose compute took the fewest CPU-seconds a batch.
+
+`python -m degnn.bench.projection <results folder>` writes projection.md and projection.png there.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+# which phase each byte category's time falls in
+CATEGORY_PHASE = {"sampling": "sampling", "features": "owner_wait", "allreduce": "allreduce",
+                  "lamp_request": "owner_wait", "lamp_response": "owner_wait",
+                  "history_sync": "history", "grad_push": "history"}
+PHASES = ("sampling", "owner_wait", "compute", "allreduce", "history", "other")
+LOADER = ("sampling", "owner_wait")  # what distdgl's prefetch overlaps with training
+TOLERANCE = 0.20  # the quality bar: a prediction within 20% of the measured epoch
+BANDWIDTHS = ("100mbit", "1gbit", "10gbit", "100gbit")  # the crossover table's columns
+SPEEDS = (1, 2, 5, 10, 20, 50)  # the crossover table's rows
+LATENCY_S = 0.0002  # a datacenter TCP round trip for the projection's grid
+
+
+def rate(text) -> float:
+    """A tc rate ("100mbit", "1gbit") -> bytes per second."""
+    from degnn.launch.netns import parse_rate
+
+    return parse_rate(str(text))
+
+
+def _bandwidth(s: dict) -> Optional[str]:
+    if s.get("bandwidth") is not None:
+        return s["bandwidth"]
+    return ((s.get("_config") or {}).get("cluster") or {}).get("bandwidth")
+
+
+@dataclass
+class Calibration:
+    """A pipeline's per-batch costs, from one measured run (see the module docstring)."""
+
+    pipeline: str
+    source: str
+    speed: float  # the calibration run's compute speed (its per-machine CPUs; 1 where unlimited)
+    batches_per_epoch: float  # per trainer
+    machines: int
+    cpu_s: Dict[str, float]  # seconds per batch at `speed`, bytes and round trips taken out
+    bytes: Dict[str, float]  # busiest machine's wire bytes per batch
+    round_trips: Dict[str, float] = field(default_factory=dict)
+    prefetch: int = 0
+    param_bytes: Optional[float] = None  # TMA: one copy of the model
+    sync_every_s: Optional[float] = None
+    exposed: bool = False  # distdgl measured with its prefetch: the phases are what it left exposed
+
+
+def phase_bytes(s: dict) -> Dict[str, float]:
+    """Wire bytes per batch by phase (measured; module docstring): the mean machine's in each
+    phase, and what the busiest machine has more in the all-reduce, where the others wait for it."""
+    batches = s.get("batches") or 0
+    if not batches:
+        return {}
+    app = s.get("app_bytes_per_batch") or 0.0
+    wire = (s["net_bytes_per_batch"] / app) if app and s.get("net_bytes_per_batch") else 1.0
+    skew = busiest_share(s)
+    out: Dict[str, float] = {}
+    for cat, total in (s.get("app_bytes_by_category") or {}).items():
+        phase = CATEGORY_PHASE.get(cat)
+        if phase is None:
+            continue
+        mean = total / batches * wire
+        out[phase] = out.get(phase, 0.0) + mean
+        if cat != "allreduce" and skew > 1:
+            # the mean trainer waits for its own bytes, then in the all-reduce for the busiest's
+            out["allreduce"] = out.get("allreduce", 0.0) + mean * (skew - 1)
+    return out
+
+
+def busiest_share(s: dict) -> float:
+    """The busiest machine's bytes over the mean machine's (sent or received, whichever is more)."""
+    tx, rx = s.get("net_tx_bytes_per_machine") or [], s.get("net_rx_bytes_per_machine") or []
+    both = [max(a, b) for a, b in zip(tx, rx)]
+    mean = sum(tx + rx) / (len(tx) + len(rx)) if tx and rx else 0
+    return max(1.0, max(both) / mean) if both and mean else 1.0
+
+
+def round_trips(s: dict) -> Dict[str, float]:
+    w = s.get("machines") or 1
+    out = {"allreduce": 2.0 * (w - 1)} if w > 1 else {}
+    if s.get("pipeline") == "distdgl":
+        out.update(sampling=float(s.get("layers") or 1), owner_wait=1.0)
+    elif s.get("rpc_round_trips_per_batch") is not None:
+        out["owner_wait"] = float(s["rpc_round_trips_per_batch"])
+    return out
+
+
+def batches_per_epoch(s: dict) -> float:
+    """Batches one trainer runs in an epoch (TMA: in the whole run)."""
+    trainers = s.get("trainers") or 1
+    epochs = s.get("epochs") or 1
+    if s.get("pipeline") == "tma":
+        epochs = 1
+    return (s.get("batches") or 0) / trainers / epochs
+
+
+def tma_phases(s: dict) -> Optional[Dict[str, float]]:
+    """A TMA run's seconds per step, all local (1 / its trainers' mean steps per second)."""
+    rates = [v for v in (s.get("steps_per_s_per_trainer") or {}).values() if v]
+    return {"compute": len(rates) / sum(rates)} if s.get("pipeline") == "tma" and rates else None
+
+
+def calibrate(s: dict, latency_s: float = 0.0) -> Calibration:
+    """Per-batch CPU, bytes and round trips of run `s` (a summary.json dict); `latency_s`: the
+    round trip of the run's own links (netns: 0)."""
+    phases = s.get("time_per_batch_s") or tma_phases(s)
+    if not phases or not s.get("batches"):
+        raise ValueError(f"run {s.get('_rel', s.get('pipeline'))} has no time_per_batch_s or batches: "
+                         "it cannot calibrate a projection")
+    bw = _bandwidth(s)
+    b = rate(bw) if bw else math.inf
+    by = phase_bytes(s)
+    rt = round_trips(s)
+    prefetch = int(s.get("prefetch") or 0)
+    exposed = s.get("pipeline") == "distdgl" and prefetch > 0
+    if exposed:
+        prefetch = 0  # its phases are what the overlap left exposed: predicted as they are
+    cpu = {}
+    for p in PHASES:
+        net = by.get(p, 0.0) / b + rt.get(p, 0.0) * latency_s
+        cpu[p] = max(0.0, phases.get(p, 0.0) - net)
+    if s.get("pipeline") == "lamp" and prefetch:
+        # the owner wait measured is what the rest of the batch left of the owners' round
+        rest = sum(phases.get(p, 0.0) for p in PHASES if p != "owner_wait")
+        net = by.get("owner_wait", 0.0) / b + rt.get("owner_wait", 0.0) * latency_s
+        cpu["owner_wait"] = max(0.0, phases.get("owner_wait", 0.0) - max(0.0, net - rest))
+    return Calibration(pipeline=s.get("pipeline", "?"), source=s.get("_rel", "?"),
+                       speed=float(s.get("cpus_per_machine") or 1.0),
+                       batches_per_epoch=batches_per_epoch(s), machines=int(s.get("machines") or 1),
+                       cpu_s=cpu, bytes=by, round_trips=rt, prefetch=prefetch,
+                       param_bytes=s.get("param_bytes"), sync_every_s=s.get("sync_every_s"), exposed=exposed)
+
+
+def batch_time(c: Calibration, bandwidth: float, speed: float, latency_s: float = 0.0,
+               prefetch: Optional[int] = None, shared_cpu: bool = True) -> float:
+    """Predicted seconds per batch at `bandwidth` (bytes/s), compute `speed` (1 = one core of the
+    calibrating host) and `latency_s` per round trip. `shared_cpu`: the loader and the trainer
+    share the machine's CPU (netns budgets); a real machine gives the loader cores of its own."""
+    prefetch = c.prefetch if prefetch is None or c.exposed else prefetch
+    k = c.speed / speed
+    net = {p: c.bytes.get(p, 0.0) / bandwidth + c.round_trips.get(p, 0.0) * latency_s for p in PHASES}
+    cpu = {p: c.cpu_s.get(p, 0.0) * k for p in PHASES}
+    link = sum(c.bytes.values()) / bandwidth
+    if c.pipeline == "tma":
+        return sum(cpu.values())
+    if c.pipeline == "lamp" and prefetch:
+        rest = sum(cpu[p] + net[p] for p in PHASES if p != "owner_wait")
+        t = rest + cpu["owner_wait"] + max(0.0, net["owner_wait"] - rest)
+    elif c.pipeline == "distdgl" and prefetch:
+        loader = sum(cpu[p] + net[p] for p in LOADER)
+        train = sum(cpu[p] + net[p] for p in PHASES if p not in LOADER)
+        t = max(loader, train, sum(cpu.values()) if shared_cpu else 0.0)
+    else:
+        t = sum(cpu[p] + net[p] for p in PHASES)
+    return max(t, link)
+
+
+def epoch_time(c: Calibration, bandwidth: float, speed: float, latency_s: float = 0.0,
+               prefetch: Optional[int] = None, shared_cpu: bool = True,
+               batches: Optional[float] = None) -> float:
+    """Predicted seconds of one epoch (`batches` per trainer; default the calibration run's).
+    TMA adds an averaging round every `sync_every_s` seconds of training."""
+    n = c.batches_per_epoch if batches is None else batches
+    train = n * batch_time(c, bandwidth, speed, latency_s, prefetch, shared_cpu)
+    if c.pipeline == "tma" and c.param_bytes and c.sync_every_s:
+        per_round = (c.machines - 1) * c.param_bytes / bandwidth + 2 * latency_s
+        train += train / c.sync_every_s * per_round
+    return train
+
+
+def tma_from_distdgl(c: Calibration, param_bytes: float, sync_every_s: float) -> Calibration:
+    """A TMA calibration from a distdgl one: its compute and other phases, no sampling, no pull,
+    no all-reduce (what a TMA trainer does on its own partition)."""
+    cpu = {"compute": c.cpu_s.get("compute", 0.0), "other": c.cpu_s.get("other", 0.0)}
+    return Calibration(pipeline="tma", source=f"{c.source} (distdgl's compute)", speed=c.speed,
+                       batches_per_epoch=c.batches_per_epoch, machines=c.machines, cpu_s=cpu, bytes={},
+                       param_bytes=param_bytes, sync_every_s=sync_every_s)
+
+
+def error(predicted: float, measured: float) -> float:
+    return (predicted - measured) / measured
+
+
+def verdict(err: float, tolerance: float = TOLERANCE) -> str:
+    return f"within {tolerance:.0%}" if abs(err) <= tolerance else f"over {tolerance:.0%}"
+
+
+def crossing(xs: Sequence[float], ys: Sequence[float], level: float = 1.0) -> Optional[float]:
+    """The first x where ys crosses `level` (linear in log x between grid points), or None."""
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if (y0 - level) * (y1 - level) <= 0 and y0 != y1:
+            f = (level - y0) / (y1 - y0)
+            return math.exp(math.log(x0) + f * (math.log(x1) - math.log(x0)))
+    return None
+
+
+def log_grid(lo: float, hi: float, n: int) -> List[float]:
+    return [lo * (hi / lo) ** (i / (n - 1)) for i in range(n)]
+
+
+def ratio_grid(num: Calibration, den: Calibration, bandwidths: Sequence[float], speeds: Sequence[float],
+               latency_s: float = LATENCY_S, shared_cpu: bool = False,
+               den_prefetch: Optional[int] = None) -> List[List[float]]:
+    """[speed][bandwidth] -> epoch(num) / epoch(den), both at the same batches per epoch."""
+    n = den.batches_per_epoch
+    return [[epoch_time(num, b, s, latency_s, shared_cpu=shared_cpu, batches=n)
+             / epoch_time(den, b, s, latency_s, den_prefetch, shared_cpu=shared_cpu, batches=n)
+             for b in bandwidths] for s in speeds]
+
+
+def fmt_rate(bps: float) -> str:
+    bits = bps * 8
+    for unit, size in (("gbit", 1e9), ("mbit", 1e6)):
+        if bits >= size:
+            v = bits / size
+            return f"{v:.0f} {unit}" if v >= 10 else f"{v:.2g} {unit}"
+    return f"{bits / 1e3:.0f} kbit"
+
+
+# ---------------------------------------------------------------- the check against measurement
+
+def _group_key(s: dict):
+    """Runs of one group differ in their link and CPU budget only (their config.yaml otherwise)."""
+    cfg = s.get("_config")
+    if cfg:
+        cfg = json.loads(json.dumps(cfg, default=str))
+        for key in ("bandwidth", "cpus_per_machine"):
+            (cfg.get("cluster") or {}).pop(key, None)
+        return json.dumps(cfg, sort_keys=True)
+    return (s.get("pipeline"), s.get("variant"), s.get("dataset"), s.get("layers"),
+            tuple(s.get("fanouts") or ()), s.get("machines"), s.get("trainers"), s.get("bits"))
+
+
+def _setting(s: dict) -> str:
+    cpus = s.get("cpus_per_machine")
+    return f"{s.get('pipeline')} {_bandwidth(s) or 'unlimited'} {cpus if cpus is not None else '-'} CPUs"
+
+
+def measured_epoch(s: dict) -> Optional[float]:
+    times = s.get("epoch_times_s") or []
+    if times:
+        return sum(times) / len(times)
+    return s.get("epoch_time_s")
+
+
+def usable(runs: List[dict]) -> List[dict]:
+    return [s for s in runs if s.get("status") == "ok" and s.get("time_per_batch_s") and s.get("batches")
+            and s.get("pipeline") in ("distdgl", "lamp") and _bandwidth(s) and measured_epoch(s)]
+
+
+def delivered_speed(target: dict, cal: Calibration) -> Optional[float]:
+    """The compute speed the target run got, from its compute phase (forward, backward, step: the
+    same work a batch at any bandwidth) against the calibration's; None without one."""
+    t = (target.get("time_per_batch_s") or {}).get("compute")
+    return cal.speed * cal.cpu_s["compute"] / t if t and cal.cpu_s.get("compute") else None
+
+
+def checks(runs: List[dict]) -> List[dict]:
+    """Every run predicted from every other run of its group (same config but for the link and
+    the CPU budget): one row each, with the speed from the target's CPU budget (`predicted`) and
+    from its compute phase (`predicted_delivered`)."""
+    groups: Dict[object, List[dict]] = {}
+    for s in usable(runs):
+        groups.setdefault(_group_key(s), []).append(s)
+    rows = []
+    for members in groups.values():
+        for target in members:
+            for src in members:
+                if src is target:
+                    continue
+                cal = calibrate(src)
+                bw, n, meas = rate(_bandwidth(target)), batches_per_epoch(target), measured_epoch(target)
+                pred = epoch_time(cal, bw, float(target.get("cpus_per_machine") or 1.0), batches=n)
+                speed = delivered_speed(target, cal)
+                got = epoch_time(cal, bw, speed, batches=n) if speed else None
+                rows.append({"target": target, "source": src, "measured": meas, "predicted": pred,
+                             "error": error(pred, meas), "predicted_delivered": got,
+                             "error_delivered": error(got, meas) if got else None,
+                             "kind": _kind(src, target)})
+    return sorted(rows, key=lambda r: (_setting(r["target"]), r["kind"], _setting(r["source"])))
+
+
+def _kind(src: dict, target: dict) -> str:
+    same_bw = _bandwidth(src) == _bandwidth(target)
+    same_cpu = src.get("cpus_per_machine") == target.get("cpus_per_machine")
+    if same_bw and same_cpu:
+        return "repeat"
+    return "CPU" if same_bw else ("bandwidth" if same_cpu else "bandwidth + CPU")
+
+
+def _summary_line(rows: List[dict], key: str, what: str) -> str:
+    errs = [r[key] for r in rows if r[key] is not None]
+    if not errs:
+        return ""
+    inside = sum(abs(e) <= TOLERANCE for e in errs)
+    return (f"{what}: {inside} of {len(errs)} predictions within {TOLERANCE:.0%}, "
+            f"largest error {100 * max(abs(e) for e in errs):.0f}%, median |error| "
+            f"{100 * sorted(abs(e) for e in errs)[len(errs) // 2]:.0f}%.")
+
+
+# ---------------------------------------------------------------- the projection's report
+
+# a pipeline's defaults, preferred when a results folder holds ablations too
+DEFAULTS = {"distdgl": {"halo_cache": False}, "tma": {"variant": "random"},
+            "lamp": {"bits": 8, "prefetch": 1, "fusion": True, "engine": "trainer", "roots": "owners",
+                     "grad": "stop"}}
+
+
+def _pick(runs: List[dict], pipeline: str, like: Optional[dict] = None) -> Optional[dict]:
+    """The run a pipeline's projection calibrates on: its defaults, the same dataset, model and
+    machines as `like`, then the most compute per CPU budget."""
+    cands = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") == pipeline
+             and (s.get("time_per_batch_s") or tma_phases(s)) and s.get("batches")]
+    if like is not None:
+        same = ("dataset", "layers", "fanouts", "hidden", "machines", "trainers")
+        cands = [s for s in cands if all(s.get(k) == like.get(k) for k in same)]
+    if not cands:
+        return None
+
+    def rank(s):
+        # then the run whose machines got most of their CPU budget: the least CPU-seconds a
+        # batch's compute took (a host shared with other jobs delivers less than the budget)
+        defaults = sum(s.get(k, v) == v for k, v in DEFAULTS.get(pipeline, {}).items())
+        compute = (s.get("time_per_batch_s") or tma_phases(s))["compute"]
+        return (defaults, -compute * (s.get("cpus_per_machine") or 1.0))
+
+    return max(cands, key=rank)
+
+
+def calibrations(runs: List[dict], sync_every_s: float = 5.0) -> Dict[str, Calibration]:
+    """distdgl, lamp and tma calibrations of one dataset and model for the projection's grid (tma:
+    a RandomTMA run's time per batch, else distdgl's compute)."""
+    base = _pick([s for s in runs if _bandwidth(s)], "distdgl")
+    if base is None:
+        return {}
+    out = {"distdgl": calibrate(base)}
+    for name in ("lamp", "tma"):
+        s = _pick(runs, name, like=base)
+        if s is not None:
+            out[name] = calibrate(s)
+    if "tma" in out and out["tma"].sync_every_s is None:
+        out["tma"].sync_every_s = sync_every_s
+    if "tma" not in out:
+        w = base.get("machines") or 2
+        params = (base.get("allreduce_bytes_per_batch") or 0) / (2 * (w - 1) / w)
+        out["tma"] = tma_from_distdgl(out["distdgl"], params, sync_every_s)
+    return out
+
+
+# the projected ratios: (title, numerator, distdgl's prefetch)
+RATIOS = (("lamp/distdgl", "lamp", None), ("lamp/distdgl with a prefetching loader (modelled)", "lamp", 1),
+          ("tma/distdgl", "tma", None))
+
+
+def crossover_rows(num: Calibration, den: Calibration, latency_s: float = LATENCY_S,
+                   den_prefetch: Optional[int] = None) -> List[str]:
+    """Per speed: the ratio at each table bandwidth, and the bandwidth where it crosses 1."""
+    fine = log_grid(rate("100mbit"), rate("100gbit"), 61)
+    rows = []
+    for sp in SPEEDS:
+        vals = ratio_grid(num, den, [rate(b) for b in BANDWIDTHS], [sp], latency_s, den_prefetch=den_prefetch)[0]
+        curve = ratio_grid(num, den, fine, [sp], latency_s, den_prefetch=den_prefetch)[0]
+        x = crossing(fine, curve)
+        where = fmt_rate(x) if x else ("none (below 1 throughout)" if curve[0] < 1 else "none (above 1 throughout)")
+        rows.append(f"| {sp}x | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {where} |")
+    return rows
+
+
+def _median(values: List[float]) -> float:
+    v = sorted(values)
+    return (v[len(v) // 2] + v[(len(v) - 1) // 2]) / 2
+
+
+KINDS = ("bandwidth", "CPU", "bandwidth + CPU", "repeat")
+
+
+def compact_table(rows: List[dict]) -> List[str]:
+    """One line per measured setting: its measured epochs, and per kind of prediction the median
+    error with the speed from the budget / delivered, and the verdict on the worst delivered one."""
+    by: Dict[str, List[dict]] = {}
+    for r in rows:
+        by.setdefault(_setting(r["target"]), []).append(r)
+    kinds = [k for k in KINDS if any(r["kind"] == k for r in rows)]
+    out = ["| setting | runs | measured epoch s | " + " | ".join(f"from other {k}" if k != "repeat" else "from a repeat"
+                                                      for k in kinds) + " | abs error | |",
+           "|---|---|---|" + "---|" * (len(kinds) + 2)]
+    for setting, rs in sorted(by.items()):
+        targets = {id(r["target"]): r["measured"] for r in rs}
+        meas = sorted(targets.values())
+        cells = []
+        for k in kinds:
+            ks = [r for r in rs if r["kind"] == k]
+            if not ks:
+                cells.append("-")
+                continue
+            budget = _median([r["error"] for r in ks])
+            got = [r["error_delivered"] for r in ks if r["error_delivered"] is not None]
+            cells.append(f"{100 * budget:+.0f}% / " + (f"{100 * _median(got):+.0f}%" if got else "-"))
+        errs = [abs(r["error_delivered"] if r["error_delivered"] is not None else r["error"]) for r in rs]
+        spread = f"{meas[0]:.2f}" if len(meas) == 1 else f"{_median(meas):.2f} ({meas[0]:.2f}-{meas[-1]:.2f})"
+        out.append(f"| {setting} | {len(meas)} | {spread} | " + " | ".join(cells)
+                   + f" | {100 * _median(errs):.0f}% ({100 * max(errs):.0f}%) | {verdict(_median(errs))} |")
+    return out + ["", "Each cell: the median error of the predictions of that kind, with the speed from the CPU "
+                  "budget / the speed delivered; |error|: the median (largest) over all the setting's "
+                  "predictions with the speed delivered, and the verdict on that median.", ""]
+
+
+def projection_section(runs: List[dict], out: Optional[Path] = None, detail: bool = False) -> List[str]:
+    """The report's section: measured against predicted epochs, then the projected ratios and
+    their crossovers (and projection.png in `out` where matplotlib is there); `detail`: every
+    prediction, one line each."""
+    rows = checks(runs)
+    cals = calibrations(runs)
+    if not rows and not ("distdgl" in cals and "lamp" in cals):
+        return []
+    lines = ["## Projection to real clusters", "",
+             "degnn.bench.projection (docs/benchmarks.md): per-batch CPU, bytes and round trips from one "
+             "measured run predict another run's epoch. Each row predicts the target from one other run "
+             "(across: CPU = same link, other CPU budget; bandwidth = same budget, other link). Measured = "
+             "mean epoch (training only) of the target. The compute speed of the target is its CPU budget, "
+             "or the speed it got: its compute phase against the calibration's (a host shared with other "
+             "jobs may deliver less than the budget); the verdict is on the latter.", ""]
+    if rows:
+        lines += compact_table(rows)
+        if detail:
+            lines += ["| target | calibrated on | across | measured s | predicted s (speed: CPU budget) | error | "
+                      "predicted s (speed: delivered) | error | |", "|---|---|---|---|---|---|---|---|---|"]
+            for r in rows:
+                got = r["predicted_delivered"]
+                lines.append(f"| {_setting(r['target'])} ({r['target'].get('_rel')}) | {_setting(r['source'])} "
+                             f"({r['source'].get('_rel')}) | {r['kind']} | {r['measured']:.2f} | {r['predicted']:.2f} | "
+                             f"{100 * r['error']:+.0f}% | "
+                             + (f"{got:.2f} | {100 * r['error_delivered']:+.0f}% | {verdict(r['error_delivered'])} |"
+                                if got else f"- | - | {verdict(r['error'])} |"))
+            lines.append("")
+        lines += [_summary_line(rows, "error", "Speed from the CPU budget"),
+                  _summary_line(rows, "error_delivered", "Speed delivered (the target's compute phase)"), ""]
+    if "distdgl" in cals and "lamp" in cals:
+        d = cals["distdgl"]
+        lines += [f"Projected epoch-time ratios (below 1: faster than distdgl), latency {1e3 * LATENCY_S:.1f} ms a "
+                  f"round trip, speed 1x = one core of this host per machine, distdgl "
+                  f"{'with its prefetch, as measured' if d.exposed else 'synchronous, as measured (and a modelled prefetching loader on cores of its own)'}; "
+                  f"calibrated on {d.source} and {cals['lamp'].source}"
+                  + (f" and {cals['tma'].source}" if "tma" in cals else "") + ".", ""]
+        head = "| speed | " + " | ".join(BANDWIDTHS) + " | ratio = 1 at |"
+        sep = "|---|" + "---|" * (len(BANDWIDTHS) + 1)
+        for title, name, pre in RATIOS:
+            if name in cals and not (pre and d.exposed):
+                lines += [f"{title}:", "", head, sep] + crossover_rows(cals[name], d, den_prefetch=pre) + [""]
+        if out is not None:
+            png = plot_projection(cals, Path(out) / "projection.png")
+            if png:
+                lines += [f"![projection]({png.name})", ""]
+    return lines
+
+
+def plot_projection(cals: Dict[str, Calibration], path: Path) -> Optional[Path]:
+    """Heat maps of lamp/distdgl and tma/distdgl over bandwidth and speed, ratio 1 drawn."""
+    from .report import _pyplot
+
+    plt = _pyplot()
+    if plt is None or "distdgl" not in cals:
+        return None
+    panels = [r for r in RATIOS if r[1] in cals and not (r[2] and cals["distdgl"].exposed)]
+    bws = log_grid(rate("100mbit"), rate("100gbit"), 61)
+    sps = log_grid(1, 50, 41)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.4), squeeze=False)
+    for ax, (title, name, pre) in zip(axes[0], panels):
+        z = ratio_grid(cals[name], cals["distdgl"], bws, sps, den_prefetch=pre)
+        bits = [8 * b for b in bws]
+        mesh = ax.pcolormesh(bits, sps, [[math.log2(v) for v in row] for row in z], cmap="RdBu_r",
+                             vmin=-3, vmax=3, shading="auto")
+        ax.contour(bits, sps, z, levels=[1.0], colors="k", linewidths=1.5)
+        ax.contour(bits, sps, z, levels=[0.25, 0.5, 2.0], colors="k", linewidths=0.5, linestyles="dotted")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("link bandwidth per machine (bit/s)")
+        ax.set_ylabel("compute speed (1x = one core of this host)")
+        ax.set_title(f"{title}\nepoch-time ratio (solid: 1; dotted: 1/4, 1/2, 2)", fontsize=9)
+        cb = fig.colorbar(mesh, ax=ax)
+        cb.set_label("log2 ratio (below 0: faster than distdgl)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write(results: Path) -> Path:
+    from .report import collect
+
+    results = Path(results)
+    runs = collect(results)
+    lines = projection_section(runs, results, detail=True)
+    if not lines:
+        raise SystemExit(f"degnn.bench.projection: no distdgl or lamp run with time_per_batch_s under {results}; "
+                         "run `python -m degnn.bench bench=projection out=DIR` first")
+    path = results / "projection.md"
+    path.write_text("# degnn: projection to real clusters\n\n" + "\n".join(lines[2:]) + "\n")
+    return path
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        print("usage: python -m degnn.bench.projection <results folder>   writes projection.md (+ .png) there",
+              file=sys.stderr)
+        return 2
+    if not Path(argv[0]).is_dir():
+        print(f"degnn.bench.projection: {argv[0]} is not a folder; give a bench results folder", file=sys.stderr)
+        return 2
+    print(write(Path(argv[0])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
