@@ -656,6 +656,8 @@ def lamp_section(runs: List[dict]) -> List[str]:
             f"{fmt(med(lamp, lambda r: r.get('history_age_mean')), '.1f')} / {max(ages) if ages else '–'} | "
             f"{fmt(med(lamp, lambda r: r.get('roots_per_batch')), '.0f')} | {ratio_cell(td, t, bold=False)} | "
             f"{len(dist)} / {len(lamp)} |")
+    if not rows:
+        return []
     out = ["## LAMP against DistDGL", "",
            "Each lamp setting beside the distdgl runs of the same suite group, dataset and layers (same "
            "partitions, seeds, batch size and epochs). Bytes are on the wire per trainer and batch "

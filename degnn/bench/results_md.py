@@ -50,8 +50,18 @@ def provenance(records: List[dict]) -> str:
               + " CPUs (cluster.cpus_per_machine)") if budgets else ""
     if None in cpus:
         budget += ("; " if budget else "") + "some clusters without a CPU budget (a machine may use every core)"
-    order = (f"{repeats} repeats, every other one with the suites in reverse order" if repeats > 1
-             else "one repeat, one order")
+    # the order the records say the suites ran in, repeat by repeat
+    runs_in = defaultdict(set)
+    for r in records:
+        runs_in[r.get("repeat", 0)].add((r.get("order", 0), r["suite"]))
+    orders = {tuple(name for _, name in sorted(v)) for v in runs_in.values()}
+    if repeats == 1:
+        order = "one repeat, one order"
+    elif len(orders) > 1:
+        order = f"{repeats} repeats, every other one with the suites in reverse order"
+    else:
+        order = f"{repeats} repeats, all in the same order"
+
     return (f"{len(records)} runs of {len(suites)} suites ({', '.join(suites)}); {order}; commit "
             f"{_joined(r['commit'] for r in records)}; run {dates[0][:16].replace('T', ' ')} – "
             f"{dates[-1][:16].replace('T', ' ')} UTC; {budget or 'no CPU budget'}. Where a table gives "
