@@ -105,8 +105,11 @@ def test_load_fake_index_through_ogb(tmp_path, capsys):
     s = d.info["graph_stats"]
     assert s["nodes"] == 6 and s["edges"] == 6 and s["degree_max"] == 5 and s["classes"] == 3
     assert "debian: 6 nodes, 6 undirected edges" in capsys.readouterr().err  # printed at build
-    again = load_dataset(cfg)  # cached: the same folder, the same graph
-    assert again.info["dir"] == d.info["dir"] and (again.graph.ndata["feat"] == g.ndata["feat"]).all()
+    again = load_dataset(cfg)  # cached: the same folder
+    assert again.info["dir"] == d.info["dir"]
+    other = load_dataset({**cfg, "root": str(tmp_path / "elsewhere")}).graph  # built again: the same graph
+    assert (other.ndata["feat"] == g.ndata["feat"]).all() and (other.ndata["label"] == g.ndata["label"]).all()
+    assert [t.tolist() for t in other.edges()] == [t.tolist() for t in g.edges()]
     v = dataset_version(cfg)
     f.write_text(INDEX.replace("Section: mail", "Section: net"))
     assert dataset_version(cfg) != v  # a changed index is new data
@@ -122,6 +125,10 @@ def test_graph_stats_by_hand():
     # each class: 2 of its 3 edge ends stay in it, against a node share of 1/2; summed over the
     # classes, divided by C - 1
     assert s["class_homophily"] == pytest.approx(2 * (2 / 3 - 1 / 2) / 1, abs=1e-4)
+    # an unlabelled node (-1, as papers100M has) counts for the degrees, not for the homophily
+    s = graph_stats(np.r_[src, 3, 4], np.r_[dst, 4, 3], np.array([0, 0, 1, 1, -1]), 5, 2)
+    assert s["edges"] == 4 and s["degree_max"] == 2 and s["classes"] == 2
+    assert s["edge_homophily"] == pytest.approx(2 / 3, abs=1e-4)
 
 
 def test_empty_index_names_the_fix(tmp_path, monkeypatch):

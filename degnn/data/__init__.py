@@ -158,25 +158,31 @@ def graph_stats(src, dst, label, num_nodes: int, num_classes: int) -> Dict[str, 
     src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
     keep = src != dst
     src, dst = src[keep], dst[keep]
-    label = np.asarray(label, dtype=np.int64).reshape(-1)
     deg = np.bincount(src, minlength=num_nodes)
-    c = max(int(num_classes), int(label.max()) + 1 if len(label) else 1)
-    same = label[src] == label[dst]
-    e = max(len(src), 1)
-    h = float(same.mean()) if len(src) else 0.0
-    p = np.bincount(label[src], minlength=c) / e  # each class's share of the edge ends
+    out = {"nodes": int(num_nodes), "edges": int(len(src) // 2), "degree_mean": round(float(deg.mean()), 2),
+           "degree_median": float(np.median(deg)), "degree_max": int(deg.max()) if num_nodes else 0,
+           "isolated": int((deg == 0).sum())}
+    # homophily over labelled nodes only (papers100M marks the unlabelled ones -1)
+    label = np.asarray(label, dtype=np.int64).reshape(-1)
+    known = label >= 0
+    both = known[src] & known[dst]
+    ls, ld, lab = label[src[both]], label[dst[both]], label[known]
+    if not len(lab):
+        return out
+    c = max(int(num_classes), int(lab.max()) + 1)
+    same = ls == ld
+    h = float(same.mean()) if len(ls) else 0.0
+    ends = np.bincount(ls, minlength=c)
+    p = ends / max(len(ls), 1)  # each class's share of the edge ends
     chance = float((p ** 2).sum())
     adj = (h - chance) / (1.0 - chance) if chance < 1.0 else 0.0
-    ends = np.bincount(label[src], minlength=c)
-    hk = np.bincount(label[src][same], minlength=c) / np.maximum(ends, 1)
-    share = np.bincount(label, minlength=c) / max(num_nodes, 1)
+    hk = np.bincount(ls[same], minlength=c) / np.maximum(ends, 1)
+    share = np.bincount(lab, minlength=c) / len(lab)
     cls = float(np.clip(hk - share, 0, None)[ends > 0].sum() / max(c - 1, 1))
-    return {"nodes": int(num_nodes), "edges": int(len(src) // 2), "degree_mean": round(float(deg.mean()), 2),
-            "degree_median": float(np.median(deg)), "degree_max": int(deg.max()) if num_nodes else 0,
-            "isolated": int((deg == 0).sum()), "classes": int(len(np.unique(label))),
-            "majority_class": round(float(np.bincount(label).max() / max(num_nodes, 1)), 4),
-            "edge_homophily": round(h, 4), "adjusted_homophily": round(adj, 4),
-            "class_homophily": round(cls, 4)}
+    out.update({"classes": int(len(np.unique(lab))), "majority_class": round(float(share.max()), 4),
+                "edge_homophily": round(h, 4), "adjusted_homophily": round(adj, 4),
+                "class_homophily": round(cls, 4)})
+    return out
 
 
 _NODE_KEYS = ("feat", "label", "train_mask", "val_mask", "test_mask")
