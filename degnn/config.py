@@ -21,16 +21,19 @@ CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 @dataclass
 class DatasetConfig:
     name: str = MISSING
-    # synthetic | ogb | wordnet | custom
+    # synthetic | ogb | wordnet | debian | custom
     kind: str = MISSING
     # node | link
     task: str = "node"
     # where datasets live (OGB's `root`); real OGB data is read from here when present
     root: str = "${oc.env:DEGNN_DATA,data}"
-    # custom only: a dgl.save_graphs file or an OGB-layout folder
+    # custom: a dgl.save_graphs file or an OGB-layout folder; debian: a saved `apt-cache dumpavail`
+    # (unset: this machine's APT index)
     path: Optional[str] = None
     # synthetic generator knobs
     num_nodes: int = 0
+    # synthetic: the planted classes; debian: the classes, the most common sections and one
+    # "other" for the rest (0: 25)
     num_classes: int = 0
     feat_dim: int = 128
     avg_degree: float = 7.0

@@ -3,8 +3,8 @@
 `load_dataset(cfg.dataset)` is the one entry point the rest of degnn uses.
 
 Sources, one module each: `ogb_real` (ogbn-arxiv/products/papers100M, ogbl-citation2 through ogb's
-loaders), `synthetic` (planted-community graphs), `wordnet` (WordNet 3.0 synsets), `custom`
-(a dgl.save_graphs file or an OGB-layout folder). `ogb_layout` writes/reads OGB's on-disk layout;
+loaders), `synthetic` (planted-community graphs), `wordnet` (WordNet 3.0 synsets), `debian` (the
+APT index's package graph), `custom` (a dgl.save_graphs file or an OGB-layout folder). `ogb_layout` writes/reads OGB's on-disk layout;
 every generated graph is written there and read back through ogb's real loader.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ class GraphData:
     info: Dict[str, object] = field(default_factory=dict)
 
 
-KINDS = ("synthetic", "ogb", "wordnet", "custom")
+KINDS = ("synthetic", "ogb", "wordnet", "debian", "custom")
 
 
 def config_value(cfg, key, default=None):
@@ -81,6 +81,8 @@ def load_dataset(cfg) -> GraphData:
         from .ogb_real import load_ogb as fn
     elif kind == "wordnet":
         from .wordnet import load_wordnet as fn
+    elif kind == "debian":
+        from .debian import load_debian as fn
     else:
         from .custom import load_custom as fn
     data = fn(cfg)
@@ -91,7 +93,7 @@ def load_dataset(cfg) -> GraphData:
 
 def on_disk(cfg) -> bool:
     """Whether loading needs no download: real OGB data must already be under dataset.root;
-    every other kind is built offline (synthetic, WordNet) or is the user's own file."""
+    every other kind is built offline (synthetic, WordNet, the APT index) or is the user's own file."""
     if config_value(cfg, "kind") != "ogb":
         return True
     from .ogb_layout import _has_local
@@ -111,6 +113,8 @@ def dataset_version(cfg) -> Dict[str, object]:
         from .synthetic import _knobs
     elif kind == "wordnet":
         from .wordnet import _knobs
+    elif kind == "debian":
+        from .debian import _knobs
     else:
         # real OGB data and custom files: where they are, and when they last changed
         if kind == "custom":
@@ -137,6 +141,48 @@ def edge_homophily(g: dgl.DGLGraph, label: torch.Tensor) -> float:
     if int(keep.sum()) == 0:
         return 0.0
     return float((label[src[keep]] == label[dst[keep]]).float().mean())
+
+
+def graph_stats(src, dst, label, num_nodes: int, num_classes: int) -> Dict[str, object]:
+    """Size, degree and homophily of a node-classification graph given with both directions of every edge.
+
+    edge_homophily: the fraction of edges joining two nodes of one class. adjusted_homophily: that
+    fraction less what degree-weighted random labels give, scaled so 1 is perfect and 0 is chance
+    ("Characterizing Graph Datasets for Node Classification: Homophily-Heterophily Dichotomy and
+    Beyond", arXiv 2209.06177). class_homophily: the class-insensitive measure of "Large Scale
+    Learning on Non-Homophilous Graphs" (arXiv 2110.14446), the mean over classes of each class's
+    same-class edge fraction beyond its share of the nodes.
+    """
+    import numpy as np
+
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    keep = src != dst
+    src, dst = src[keep], dst[keep]
+    deg = np.bincount(src, minlength=num_nodes)
+    out = {"nodes": int(num_nodes), "edges": int(len(src) // 2), "degree_mean": round(float(deg.mean()), 2),
+           "degree_median": float(np.median(deg)), "degree_max": int(deg.max()) if num_nodes else 0,
+           "isolated": int((deg == 0).sum())}
+    # homophily over labelled nodes only (papers100M marks the unlabelled ones -1)
+    label = np.asarray(label, dtype=np.int64).reshape(-1)
+    known = label >= 0
+    both = known[src] & known[dst]
+    ls, ld, lab = label[src[both]], label[dst[both]], label[known]
+    if not len(lab):
+        return out
+    c = max(int(num_classes), int(lab.max()) + 1)
+    same = ls == ld
+    h = float(same.mean()) if len(ls) else 0.0
+    ends = np.bincount(ls, minlength=c)
+    p = ends / max(len(ls), 1)  # each class's share of the edge ends
+    chance = float((p ** 2).sum())
+    adj = (h - chance) / (1.0 - chance) if chance < 1.0 else 0.0
+    hk = np.bincount(ls[same], minlength=c) / np.maximum(ends, 1)
+    share = np.bincount(lab, minlength=c) / len(lab)
+    cls = float(np.clip(hk - share, 0, None)[ends > 0].sum() / max(c - 1, 1))
+    out.update({"classes": int(len(np.unique(lab))), "majority_class": round(float(share.max()), 4),
+                "edge_homophily": round(h, 4), "adjusted_homophily": round(adj, 4),
+                "class_homophily": round(cls, 4)})
+    return out
 
 
 _NODE_KEYS = ("feat", "label", "train_mask", "val_mask", "test_mask")
@@ -182,4 +228,7 @@ def finalize(data: GraphData, to_bidirected: bool) -> GraphData:
     data.info["bidirected"] = to_bidirected
     if "label" in nd:
         data.info["homophily"] = round(edge_homophily(g, nd["label"]), 4)
+        src, dst = g.edges()
+        data.info["graph_stats"] = graph_stats(src.numpy(), dst.numpy(), nd["label"].numpy(),
+                                               g.num_nodes(), data.num_classes)
     return data
