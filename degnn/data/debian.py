@@ -49,54 +49,14 @@ _FIX = ("run `apt-get update` (as root) to fetch the package lists, or set datas
 
 # ---------------------------------------------------------------- Debian's version order
 
-def _order(c: str) -> int:
-    # dpkg: '~' sorts before everything, even the end of the string; letters before other symbols
-    if c == "~":
-        return -1
-    if c.isalpha():
-        return ord(c)
-    return ord(c) + 256
-
-
-def _cmp_part(a: str, b: str) -> int:
-    i = j = 0
-    while i < len(a) or j < len(b):
-        # the non-digit run, character by character
-        while (i < len(a) and not a[i].isdigit()) or (j < len(b) and not b[j].isdigit()):
-            ca = _order(a[i]) if i < len(a) and not a[i].isdigit() else 0
-            cb = _order(b[j]) if j < len(b) and not b[j].isdigit() else 0
-            if ca != cb:
-                return -1 if ca < cb else 1
-            i += i < len(a) and not a[i].isdigit()
-            j += j < len(b) and not b[j].isdigit()
-        # the digit run, as a number
-        si, sj = i, j
-        while i < len(a) and a[i].isdigit():
-            i += 1
-        while j < len(b) and b[j].isdigit():
-            j += 1
-        na, nb = int(a[si:i] or 0), int(b[sj:j] or 0)
-        if na != nb:
-            return -1 if na < nb else 1
-    return 0
-
-
-def _split_version(v: str) -> Tuple[int, str, str]:
-    epoch, _, rest = v.partition(":") if ":" in v else ("0", "", v)
-    upstream, _, revision = rest.rpartition("-") if "-" in rest else (rest, "", "")
-    try:
-        return int(epoch or 0), upstream, revision
-    except ValueError:
-        return 0, rest, ""
-
-
-def compare_versions(a: str, b: str) -> int:
-    """-1, 0 or 1 as Debian version a sorts before, equal to or after b (dpkg's order)."""
-    ea, ua, ra = _split_version(a.strip())
-    eb, ub, rb = _split_version(b.strip())
-    if ea != eb:
-        return -1 if ea < eb else 1
-    return _cmp_part(ua, ub) or _cmp_part(ra, rb)
+def newer(a: str, b: str) -> bool:
+    """Whether Debian version `a` sorts after `b`, by dpkg's own order (`dpkg --compare-versions`).
+    Only a saved index with one name twice needs it (dumpavail gives one stanza a name); without dpkg
+    the later stanza wins."""
+    exe = shutil.which("dpkg")
+    if exe is None:
+        return True
+    return subprocess.run([exe, "--compare-versions", a or "0", "gt", b or "0"]).returncode == 0
 
 
 # ---------------------------------------------------------------- the index
@@ -146,7 +106,7 @@ def parse_stanzas(text: str) -> Dict[str, Dict[str, str]]:
         if not name:
             continue
         old = out.get(name)
-        if old is None or compare_versions(st.get("Version", ""), old.get("Version", "")) > 0:
+        if old is None or newer(st.get("Version", ""), old.get("Version", "")):
             out[name] = st
     return out
 
