@@ -10,6 +10,16 @@ The task decides what a batch is (degnn/tasks): node classification samples arou
 nodes; link prediction (the TMA paper's synchronous baseline) takes mini-batches of training
 edges with one uniform negative each and the MLP decoder, evaluated by MRR.
 
+`pipeline.prefetch=k` (default 1, one batch ahead like LAMP's): a background thread samples
+the next k batches and pulls their features and labels (prefetch.py `Prefetcher`) while the main
+thread trains on the current one; the loop's `sampling` time is then the main thread's wait for
+a batch, `owner_wait` is zero, and the thread's own time per batch is in the summary
+(`prefetch_sampling_s_per_batch`, `prefetch_pull_s_per_batch`). The bytes are the same either
+way: they are counted from the batch by the main thread. prefetch=0 is the synchronous loop.
+Both tasks prefetch (a link batch is sampled and pulled the same way). DGL's own sampler
+processes (DGL_NUM_SAMPLER > 0) are not used: in DGL 1.1.3 they sample only, so the feature
+pull would stay synchronous (docs/pipelines.md).
+
 `pipeline.halo_cache=true` (an ablation of LAMP's halo replica, bench=lamp's ablation-owners):
 the features of the machine's 1-hop halo nodes (the nodes of other machines its DGL partition
 holds as halo, the same set LAMP's trainer copies) are copied once at setup, in pieces
@@ -18,6 +28,7 @@ remote input nodes' rows (`HaloCache`). The `features` bytes count those rows on
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
 
@@ -28,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 from degnn.metrics import ID_BYTES, ring_allreduce_bytes, sampling_bytes, timed_allreduce_hook
 from degnn.pipelines.base import Pipeline
 from degnn.pipelines.distdgl.config import DistDGLConfig
+from degnn.pipelines.distdgl.prefetch import Prefetcher
 from degnn.runtime.device import to_device
 
 CACHE_CHUNK_BYTES = 32 * 2**20  # the halo copy is read in pieces of about this much
@@ -75,6 +87,17 @@ class DistDGLSummary:
     halo_cache_rows: Optional[int]
     halo_cache_hit_rows_per_batch: Optional[float]
     remote_feature_rows_per_batch: float
+    # batches built ahead by the background thread (0: synchronous), and that thread's own time
+    # per batch sampling and pulling (None with prefetch 0: the loop's sampling and owner_wait)
+    prefetch: int
+    prefetch_sampling_s_per_batch: Optional[float]
+    prefetch_pull_s_per_batch: Optional[float]
+
+
+def check_distdgl_config(pcfg) -> None:
+    if int(pcfg.prefetch) < 0:
+        raise ValueError(f"pipeline.prefetch must be >= 0 (batches built ahead by a background thread; "
+                         f"0 = synchronous), got {pcfg.prefetch}")
 
 
 class DistDGLPipeline(Pipeline):
@@ -83,8 +106,17 @@ class DistDGLPipeline(Pipeline):
     shortens_epochs = True
     config_schema = DistDGLConfig
 
+    @classmethod
+    def prepare_launch(cls, cfg, task_overrides) -> List[str]:
+        check_distdgl_config(cfg.pipeline)
+        return []
+
     def setup(self) -> None:
         ctx, cfg, task = self.ctx, self.cfg, self.task
+        check_distdgl_config(cfg.pipeline)
+        self.prefetch = int(cfg.pipeline.prefetch)
+        self._prefetcher: Optional[Prefetcher] = None
+        self.background = {"sampling": 0.0, "pull": 0.0, "batches": 0}  # the prefetch thread's own time
         g = ctx.graph
         self.pb = g.get_partition_book()
         task.prepare(ctx)
@@ -115,10 +147,23 @@ class DistDGLPipeline(Pipeline):
         return self.cfg.train.batches_per_epoch or -(-len(self.train_ids) // self.cfg.train.batch_size)
 
     def batches_of(self, epoch: int) -> Iterator:
+        """The epoch's batches: as sampled (prefetch 0; `step` pulls their inputs), or each with its
+        inputs, built by a background thread up to `pipeline.prefetch` batches ahead (the thread
+        has ended when the epoch's last batch is taken, or when training stops early)."""
+        self.ddp.train()
+        if not self.prefetch:
+            yield from self._sampled()
+            return
+        self._prefetcher = Prefetcher(self._fetched(self._sampled()), self.prefetch)
+        try:
+            yield from self._prefetcher
+        finally:
+            self._close_prefetcher()
+
+    def _sampled(self) -> Iterator:
         """One pass over the loader, or (train.batches_per_epoch=N) the next N batches of it,
         starting a new pass whenever one ends. Every rank takes the same number of steps (DDP)."""
         n = self.cfg.train.batches_per_epoch
-        self.ddp.train()
         if not n:
             yield from self.loader
             return
@@ -129,8 +174,37 @@ class DistDGLPipeline(Pipeline):
                 batch = next(self._batch_iter)
             yield batch
 
-    def step(self, batch) -> float:
+    def _fetched(self, batches: Iterator) -> Iterator:
+        """(batch, x, y) of every batch: the prefetch thread's work (sampling, then the pulls)."""
+        bg = self.background
+        while True:
+            t0 = time.perf_counter()
+            batch = next(batches, None)
+            t1 = time.perf_counter()
+            if batch is None:
+                return
+            x, y = self.task.inputs(batch, self.feat)
+            bg["sampling"] += t1 - t0
+            bg["pull"] += time.perf_counter() - t1
+            bg["batches"] += 1
+            yield batch, x, y
+
+    def _close_prefetcher(self) -> None:
+        pre, self._prefetcher = self._prefetcher, None
+        if pre is not None and not pre.close():
+            self.log.warning("distdgl: the prefetch thread is still waiting on another machine; "
+                             "leaving it behind (a daemon thread)")
+
+    def step(self, item) -> float:
+        try:
+            return self._step(item)
+        except BaseException:
+            self._close_prefetcher()  # no DGL RPC of the thread outlives a failed step
+            raise
+
+    def _step(self, item) -> float:
         task, counter = self.task, self.ctx.counter
+        batch = item[0] if self.prefetch else item
         input_nodes, blocks = batch[0], batch[-1]
         remote = self.pb.nid2partid(input_nodes) != self.pb.partid
         counter.add("sampling", sampling_bytes(remote, blocks) + task.lookup_bytes(self.pb, batch))
@@ -142,8 +216,11 @@ class DistDGLPipeline(Pipeline):
         # remote feature rows pulled: 8 bytes of id out, one feature row back
         counter.add("features", int(remote.sum()) * (self.feat_row_bytes + ID_BYTES))
         task.observe(batch)
-        with self.timer("owner_wait"):  # the feature (and label) pulls from the machines that own the rows
-            x, y = task.inputs(batch, self.feat)
+        if self.prefetch:  # pulled by the prefetch thread
+            x, y = item[1], item[2]
+        else:
+            with self.timer("owner_wait"):  # the feature (and label) pulls from the machines that own the rows
+                x, y = task.inputs(batch, self.feat)
         batch, x, y = to_device((batch, x, y), self.device)
         with self.timer("compute"):
             loss = task.loss(self.ddp, batch, x, y)
@@ -155,11 +232,18 @@ class DistDGLPipeline(Pipeline):
         return self.evaluator()
 
     def rank_stats(self) -> dict:
-        return {"rows": dict(self.rows), "cache_rows": None if self.cache is None else len(self.cache.gids)}
+        return {"rows": dict(self.rows), "cache_rows": None if self.cache is None else len(self.cache.gids),
+                "background": dict(self.background)}
 
     def summary_extra(self, ranks: List[dict], context: dict) -> DistDGLSummary:
         batches = sum(r["batches"] for r in ranks) or 1
         on = self.cache is not None
+        built = sum(r["background"]["batches"] for r in ranks) or 1
+
+        def per_batch(key: str) -> Optional[float]:
+            return round(sum(r["background"][key] for r in ranks) / built, 5) if self.prefetch else None
+
         return DistDGLSummary(on, sum(r["cache_rows"] for r in ranks) if on else None,
                               sum(r["rows"]["cached"] for r in ranks) / batches if on else None,
-                              sum(r["rows"]["pulled"] for r in ranks) / batches)
+                              sum(r["rows"]["pulled"] for r in ranks) / batches,
+                              self.prefetch, per_batch("sampling"), per_batch("pull"))

@@ -1,0 +1,86 @@
+"""distdgl's prefetching loader (`pipeline.prefetch=k`): a background thread builds the next k
+batches (DGL's sampling through the graph servers, then the feature and label pulls) while the
+trainer's main thread trains on the current one.
+
+The thread is the only one that touches DGL's RPC client while it runs: the main thread does no
+DGL RPC during an epoch (its all-reduce is gloo's), and every epoch's thread has ended before
+`close()` returns, so evaluation and the next epoch never share the client with it. DGL's calls
+into its C++ library release the GIL, so the thread's waits on other machines leave the CPU to
+the main thread's forward and backward.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Iterator
+
+_END = object()
+
+
+class Prefetcher:
+    """The items of `source` in order, each produced (``next(source)``, which may wait on other
+    machines) by a daemon thread at most `depth` items ahead of the last one the caller took: while
+    the caller works on item i, items i+1 .. i+depth are being made or wait in line.
+
+    An exception raised by `source` is raised by the caller's next() (after the items before it);
+    `close()` stops the thread after the item it is making (it never starts another) and waits
+    for it up to `join_s` seconds (a thread stuck on a dead machine is left behind: it is a
+    daemon, so the process still exits); it returns whether the thread has ended. The caller closes it
+    when it stops early (an exception, a shortened epoch); exhausting it closes it too."""
+
+    def __init__(self, source: Iterator, depth: int, name: str = "distdgl-prefetch", join_s: float = 10.0):
+        if depth < 1:
+            raise ValueError(f"prefetch depth must be >= 1, got {depth}")
+        self._source = source
+        self._slots = threading.Semaphore(depth)  # items the thread may make before the caller takes one
+        self._items: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._join_s = join_s
+        self._done = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                self._slots.acquire()
+                if self._stop.is_set():
+                    return
+                item = next(self._source, _END)
+                self._items.put((item, None))
+                if item is _END:
+                    return
+        except BaseException as e:  # noqa: B902 - handed to the caller, which raises it
+            self._items.put((None, e))
+
+    def __iter__(self) -> "Prefetcher":
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        item, err = self._take()
+        if err is not None or item is _END:
+            self._done = True
+            self.close()
+            if err is not None:
+                raise err
+            raise StopIteration
+        self._slots.release()  # the thread may start the next item
+        return item
+
+    def _take(self):
+        while True:
+            try:
+                return self._items.get(timeout=1.0)
+            except queue.Empty:
+                if not self._thread.is_alive() and self._items.empty():
+                    return None, RuntimeError("distdgl prefetch: the background thread ended without "
+                                              "a batch; rerun with pipeline.prefetch=0 to see the error")
+
+    def close(self) -> bool:
+        self._stop.set()
+        self._slots.release()  # wake a thread waiting for a slot: it sees the stop and returns
+        if self._thread is not threading.current_thread():
+            self._thread.join(self._join_s)
+        return not self._thread.is_alive()

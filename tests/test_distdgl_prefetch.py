@@ -1,0 +1,104 @@
+"""distdgl's prefetching loader (degnn/pipelines/distdgl/prefetch.py) on a fake batch source in
+this process: order, depth, overlap, an exception in the source, and a clean stop."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from degnn.pipelines.distdgl.prefetch import Prefetcher
+
+
+class Source:
+    """Items 0..n-1; each next() takes `delay` seconds; records how far ahead of the item the
+    consumer holds (the last taken) each item is when its making starts."""
+
+    def __init__(self, n: int, delay: float = 0.0, fail_at: int = -1):
+        self.n, self.delay, self.fail_at = n, delay, fail_at
+        self.made, self.taken, self.ahead, self.threads = 0, 0, [], set()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.threads.add(threading.current_thread().name)
+        if self.made == self.n:
+            raise StopIteration
+        self.ahead.append(self.made - (self.taken - 1))
+        time.sleep(self.delay)
+        if self.made == self.fail_at:
+            raise KeyError(f"item {self.made}")
+        self.made += 1
+        return self.made - 1
+
+
+def consume(pre: Prefetcher, src: Source, work: float = 0.0) -> list:
+    out = []
+    for item in pre:
+        src.taken += 1
+        time.sleep(work)
+        out.append(item)
+    return out
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_items_in_order_at_most_depth_ahead(depth):
+    src = Source(20)
+    pre = Prefetcher(src, depth)
+    assert consume(pre, src, work=0.002) == list(range(20))
+    # the item being made is at most `depth` ahead of the last one taken (and reaches it)
+    assert max(src.ahead) == depth and min(src.ahead) >= 1
+    assert src.threads == {"distdgl-prefetch"}  # the source runs in the thread only
+    assert pre.close() and next(pre, None) is None
+
+
+def test_overlaps_the_source_with_the_consumer():
+    """Ten items of 50 ms each, consumed with 50 ms of work each: about 0.55 s with the overlap,
+    1.0 s without it."""
+    src = Source(10, delay=0.05)
+    t0 = time.perf_counter()
+    assert consume(Prefetcher(src, 1), src, work=0.05) == list(range(10))
+    assert time.perf_counter() - t0 < 0.85
+
+
+def test_an_exception_in_the_source_reaches_the_consumer_after_the_items_before_it():
+    src = Source(10, fail_at=4)
+    pre = Prefetcher(src, 2)
+    got = []
+    with pytest.raises(KeyError, match="item 4"):
+        for item in pre:
+            got.append(item)
+    assert got == [0, 1, 2, 3]
+    assert pre.close()  # the thread has ended
+    assert next(pre, None) is None
+
+
+def test_close_stops_the_thread_early_without_making_more():
+    src = Source(1000, delay=0.01)
+    pre = Prefetcher(src, 2)
+    assert next(pre) == 0
+    t0 = time.perf_counter()
+    assert pre.close()  # waits for the item under way only
+    assert time.perf_counter() - t0 < 0.5
+    made = src.made
+    time.sleep(0.05)
+    assert src.made == made <= 3  # nothing made after the stop
+
+
+def test_a_thread_stuck_in_the_source_is_left_behind_after_join_s():
+    gate = threading.Event()
+
+    def stuck():
+        gate.wait(10)
+        yield 1
+
+    pre = Prefetcher(stuck(), 1, join_s=0.1)
+    t0 = time.perf_counter()
+    assert pre.close() is False and time.perf_counter() - t0 < 1.0  # no hang; a daemon thread
+    gate.set()
+
+
+def test_depth_must_be_positive():
+    with pytest.raises(ValueError, match="depth must be >= 1"):
+        Prefetcher(iter([]), 0)
