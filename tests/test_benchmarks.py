@@ -109,6 +109,27 @@ def test_parity_report_pools_both_orders_of_distdgl_and_the_plain_trainer(tmp_pa
             "0.5100 / 0.4800 | +3.00 |") in text
 
 
+def test_parity_report_sets_distdgl_prefetch_against_the_synchronous_loop(tmp_path):
+    """The prefetch-* suites make their own table (both orders pooled) and stay out of the parity one."""
+    common = {"pipeline": "distdgl", "dataset": "wordnet", "machines": 4, "layers": 3, "epochs": 2,
+              "bandwidth": "1gbit", "fanouts": [15, 10, 5]}
+    fake_run(tmp_path, "prefetch-L3/0", prefetch=0, epoch_times_s=[10.0, 9.0], app_bytes_per_batch=2048.0,
+             time_per_batch_s={"sampling": 0.2, "owner_wait": 0.1}, **common)
+    fake_run(tmp_path, "prefetch-L3/1", prefetch=1, epoch_times_s=[8.0, 7.0], app_bytes_per_batch=2048.0,
+             time_per_batch_s={"sampling": 0.05, "owner_wait": 0.0}, **common)
+    fake_run(tmp_path, "prefetch-L3-reversed/0", prefetch=1, epoch_times_s=[7.5, 9.5], app_bytes_per_batch=1024.0,
+             time_per_batch_s={"sampling": 0.05, "owner_wait": 0.0}, **common)
+    fake_run(tmp_path, "prefetch-L3-reversed/1", prefetch=0, epoch_times_s=[9.5, 11.0], app_bytes_per_batch=1024.0,
+             time_per_batch_s={"sampling": 0.2, "owner_wait": 0.1}, **common)
+    fake_run(tmp_path, "parity-3layers/1", pipeline="plain-dgl", dataset="wordnet", layers=3, epochs=2,
+             epoch_times_s=[9.0, 9.0])
+    text = write_report(tmp_path).read_text()
+    # pooled: prefetch 1 [7.0,7.5,8.0,9.5] -> 7.75, prefetch 0 [9.0,9.5,10.0,11.0] -> 9.75
+    assert ("| wordnet | 3 | 1gbit | 2 / 2 | 7.75 (7.00-9.50) / 9.75 (9.00-11.00) | **0.79x** | 1.5 / 1.5 | "
+            "50 / 300 | yes (ranges overlap) |") in text
+    assert "## Parity with a plain DGL trainer" not in text  # no distdgl run of a parity suite
+
+
 def test_quick_report_has_lamp_beside_distdgl_and_the_killed_tma_runs_beside_distdgl(tmp_path):
     """bench=quick: the lamp pairs at 1 gbit, and at 100 mbit distdgl against TMA runs that all lost
     a trainer; the 1 gbit distdgl runs get no TMA table of their own."""

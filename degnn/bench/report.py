@@ -210,7 +210,8 @@ def parity(runs: List[dict]) -> List[str]:
     partitions, seeds, fan-outs, batches and epochs). The suites run the pair in both orders (of two
     clusters started back to back the second tends to run faster), so each side's epoch times are
     pooled over its runs in either order before taking the median."""
-    ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("distdgl", "plain-dgl")]
+    ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("distdgl", "plain-dgl")
+          and s["_rel"].startswith("parity-")]
     by_key: Dict[tuple, Dict[str, List[dict]]] = {}
     for s in ok:
         by_key.setdefault((s["dataset"], s.get("layers")), {}).setdefault(s["pipeline"], []).append(s)
@@ -248,6 +249,53 @@ def parity(runs: List[dict]) -> List[str]:
             "time ratio | net KB/batch (distdgl / plain) | bytes ratio | test (distdgl / plain) | "
             "difference (points) |",
             "|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+
+
+def prefetch_pairs(runs: List[dict]) -> List[str]:
+    """bench=parity's prefetch-* suites: distdgl with pipeline.prefetch=1 against prefetch=0 for
+    each dataset, layer count and bandwidth, both orders pooled (epoch times of all runs of a
+    side: median and min-max)."""
+    ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") == "distdgl"
+          and s["_rel"].startswith("prefetch-")]
+    by_key: Dict[tuple, Dict[int, List[dict]]] = {}
+    for s in ok:
+        key = (s["dataset"], s.get("layers") or 0, bandwidth(s) or "unlimited")
+        by_key.setdefault(key, {}).setdefault(int(s.get("prefetch") or 0), []).append(s)
+    rows = []
+    for (ds, layers, bw), sides in sorted(by_key.items()):
+        on, off = sides.get(1, []), sides.get(0, [])
+        if not on or not off:
+            continue
+        times = [sorted(t for s in g for t in (s.get("epoch_times_s") or [])) for g in (on, off)]
+        if not times[0] or not times[1]:
+            continue
+        t1, t0 = (_pooled_median(t) for t in times)
+
+        def mean_of(group, key):
+            vals = [s[key] for s in group if s.get(key) is not None]
+            return sum(vals) / len(vals) if vals else None
+
+        def wait(group):
+            per = [s.get("time_per_batch_s") or {} for s in group]
+            return sum(p.get("sampling", 0) + p.get("owner_wait", 0) for p in per) / len(per)
+
+        overlap = times[0][0] <= times[1][-1] and times[1][0] <= times[0][-1]
+        verdict = ("yes" if t1 <= t0 else "no") + (" (ranges overlap)" if overlap else "")
+        rows.append(f"| {ds} | {layers} | {bw} | {len(on)} / {len(off)} | {t1:.2f} ({times[0][0]:.2f}-"
+                    f"{times[0][-1]:.2f}) / {t0:.2f} ({times[1][0]:.2f}-{times[1][-1]:.2f}) | **{t1 / t0:.2f}x** | "
+                    f"{kb(mean_of(on, 'app_bytes_per_batch'))} / {kb(mean_of(off, 'app_bytes_per_batch'))} | "
+                    f"{wait(on) * 1000:.0f} / {wait(off) * 1000:.0f} | {verdict} |")
+    if not rows:
+        return []
+    return ["## distdgl: prefetch against the synchronous loop", "",
+            "`pipeline=distdgl` with `pipeline.prefetch=1` (the default: a background thread samples "
+            "and pulls the next batch while the trainer trains) against `pipeline.prefetch=0`, back to "
+            "back in both orders. Epoch time: median (min-max) over all epochs of all runs of a side; "
+            "application bytes per batch (the same work either way); wait = the main thread's sampling "
+            "and feature-pull wait per batch. Bar: prefetch 1 at least as fast.", "",
+            "| dataset | layers | bandwidth | runs (1 / 0) | epoch s, prefetch 1 / 0 | time ratio | "
+            "app KB/batch (1 / 0) | wait ms/batch (1 / 0) | at least as fast |",
+            "|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
 def time_to(curve: List[dict], target: float) -> Optional[float]:
@@ -1058,6 +1106,7 @@ def write_report(results: Path, title: str = "degnn benchmark") -> Path:
     lines += table(runs) + [""]
     lines += comparisons(runs)
     lines += parity(runs)
+    lines += prefetch_pairs(runs)
     lines += link_section(runs)
     lines += tma_section(runs, results)
     lines += lamp_section(runs)

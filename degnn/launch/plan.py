@@ -165,6 +165,8 @@ def build_plan(machines: Sequence[Tuple[str, int]], *, trainers_per_machine: int
         pythonpath = os.pathsep.join(p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p)
     omp = str(omp_threads or default_omp_threads(trainers_per_machine))
     common = {
+        # no DGL sampler processes: they only sample (DGL 1.1.3), distdgl prefetches sampling and
+        # feature pulls in a thread instead (pipeline.prefetch, docs/pipelines.md)
         "DGL_NUM_SAMPLER": "0",
         "DGL_NUM_CLIENT": str(world),  # trainers x (1 + samplers) x machines
         "DGL_CONF_PATH": os.path.abspath(part_config),
