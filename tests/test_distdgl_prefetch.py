@@ -102,3 +102,13 @@ def test_a_thread_stuck_in_the_source_is_left_behind_after_join_s():
 def test_depth_must_be_positive():
     with pytest.raises(ValueError, match="depth must be >= 1"):
         Prefetcher(iter([]), 0)
+
+
+def test_a_negative_prefetch_is_refused_before_anything_starts():
+    from degnn.entry import compose_config
+    from degnn.pipelines import pipeline_class
+
+    cfg = compose_config(["pipeline=distdgl", "pipeline.prefetch=-1"])
+    with pytest.raises(ValueError, match=r"pipeline.prefetch must be >= 0 .* got -1"):
+        pipeline_class(cfg).prepare_launch(cfg, [])
+    assert compose_config(["pipeline=distdgl"]).pipeline.prefetch == 1  # the default: one batch ahead
