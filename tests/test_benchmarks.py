@@ -110,16 +110,17 @@ def test_parity_report_pools_both_orders_of_distdgl_and_the_plain_trainer(tmp_pa
 
 
 def test_parity_report_sets_distdgl_prefetch_against_the_synchronous_loop(tmp_path):
-    """The prefetch-* suites make their own table (both orders pooled) and stay out of the parity one."""
+    """The prefetch-* suites make their own table (both repeats' orders pooled) and stay out of the
+    parity one."""
     common = {"pipeline": "distdgl", "dataset": "wordnet", "machines": 4, "layers": 3, "epochs": 2,
               "bandwidth": "1gbit", "fanouts": [15, 10, 5]}
-    fake_run(tmp_path, "prefetch-L3/0", prefetch=0, epoch_times_s=[10.0, 9.0], app_bytes_per_batch=2048.0,
+    fake_run(tmp_path, "prefetch-L3-sync/r0/0", prefetch=0, epoch_times_s=[10.0, 9.0], app_bytes_per_batch=2048.0,
              time_per_batch_s={"sampling": 0.2, "owner_wait": 0.1}, **common)
-    fake_run(tmp_path, "prefetch-L3/1", prefetch=1, epoch_times_s=[8.0, 7.0], app_bytes_per_batch=2048.0,
+    fake_run(tmp_path, "prefetch-L3-overlap/r0/0", prefetch=1, epoch_times_s=[8.0, 7.0], app_bytes_per_batch=2048.0,
              time_per_batch_s={"sampling": 0.05, "owner_wait": 0.0}, **common)
-    fake_run(tmp_path, "prefetch-L3-reversed/0", prefetch=1, epoch_times_s=[7.5, 9.5], app_bytes_per_batch=1024.0,
+    fake_run(tmp_path, "prefetch-L3-overlap/r1/0", prefetch=1, epoch_times_s=[7.5, 9.5], app_bytes_per_batch=1024.0,
              time_per_batch_s={"sampling": 0.05, "owner_wait": 0.0}, **common)
-    fake_run(tmp_path, "prefetch-L3-reversed/1", prefetch=0, epoch_times_s=[9.5, 11.0], app_bytes_per_batch=1024.0,
+    fake_run(tmp_path, "prefetch-L3-sync/r1/0", prefetch=0, epoch_times_s=[9.5, 11.0], app_bytes_per_batch=1024.0,
              time_per_batch_s={"sampling": 0.2, "owner_wait": 0.1}, **common)
     fake_run(tmp_path, "parity-3layers/1", pipeline="plain-dgl", dataset="wordnet", layers=3, epochs=2,
              epoch_times_s=[9.0, 9.0])

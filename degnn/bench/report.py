@@ -253,8 +253,8 @@ def parity(runs: List[dict]) -> List[str]:
 
 def prefetch_pairs(runs: List[dict]) -> List[str]:
     """bench=parity's prefetch-* suites: distdgl with pipeline.prefetch=1 against prefetch=0 for
-    each dataset, layer count and bandwidth, both orders pooled (epoch times of all runs of a
-    side: median and min-max)."""
+    each dataset, layer count and bandwidth, the repeats of both orders pooled (epoch times of all
+    runs of a side: median and min-max)."""
     ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") == "distdgl"
           and s["_rel"].startswith("prefetch-")]
     by_key: Dict[tuple, Dict[int, List[dict]]] = {}
@@ -289,8 +289,8 @@ def prefetch_pairs(runs: List[dict]) -> List[str]:
         return []
     return ["## distdgl: prefetch against the synchronous loop", "",
             "`pipeline=distdgl` with `pipeline.prefetch=1` (the default: a background thread samples "
-            "and pulls the next batch while the trainer trains) against `pipeline.prefetch=0`, back to "
-            "back in both orders. Epoch time: median (min-max) over all epochs of all runs of a side; "
+            "and pulls the next batch while the trainer trains) against `pipeline.prefetch=0`, repeated "
+            "in both orders. Epoch time: median (min-max) over all epochs of all runs of a side; "
             "application bytes per batch (the same work either way); wait = the main thread's sampling "
             "and feature-pull wait per batch. Bar: prefetch 1 at least as fast.", "",
             "| dataset | layers | bandwidth | runs (1 / 0) | epoch s, prefetch 1 / 0 | time ratio | "

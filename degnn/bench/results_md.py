@@ -105,6 +105,7 @@ def bench_section(name: str, records: List[dict]) -> List[str]:
     body: List[str] = []
     body += report.comparisons(runs)
     body += report.parity(runs)
+    body += report.prefetch_pairs(runs)
     body += report.link_section(runs)
     body += report.tma_section(runs, Path("."), plots=False)
     body += report.lamp_section(runs)
