@@ -139,3 +139,13 @@ def test_a_converged_baseline_run_sets_the_time_to_target(tmp_path):
     text = "\n".join(lamp_section(collect(tmp_path)))
     assert "| accuracy-L3 | wordnet | 3 | 8 | 0.5950 (converged (3 epochs)) | 22.0 (20.0–24.0) | 4.5 (4.0–5.0) |" in text
     assert "| accuracy-L3-converged |" not in text  # it sets the target, it is not a compared pair
+
+
+def test_the_baseline_is_the_faster_distdgl_loop_where_both_ran():
+    from degnn.bench.report import best_baseline
+
+    sync = [{"prefetch": 0, "epoch_times_s": [t]} for t in (5.0, 5.2, 5.4)]
+    ahead = [{"prefetch": 1, "epoch_times_s": [t]} for t in (5.6, 5.1, 5.9)]
+    runs, note = best_baseline(sync + ahead)
+    assert runs == sync and note == " (prefetch 0, the faster; 1: 5.60 s)"
+    assert best_baseline(ahead) == (ahead, "")
