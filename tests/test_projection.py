@@ -135,7 +135,7 @@ def test_section_labels_predictions_within_and_over_the_bar(tmp_path):
     assert "within 20%" in text
     off = summary(bandwidth="100mbit", epoch=right / 1.3)
     text = "\n".join(P.projection_section([fast, off]))
-    assert "| distdgl 100mbit 0.5 CPUs | 1 | " in text and "+30% / +30% | 30% (30%) | over 20% |" in text
+    assert "| distdgl toy 100mbit 0.5 CPUs | 1 | " in text and "+30% / +30% | 30% (30%) | over 20% |" in text
     text = "\n".join(P.projection_section([fast, off], detail=True))
     assert "| +30% | over 20% |" in text
     assert P.verdict(0.19) == "within 20%" and P.verdict(-0.21) == "over 20%"

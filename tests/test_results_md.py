@@ -136,9 +136,14 @@ def test_a_converged_baseline_run_sets_the_time_to_target(tmp_path):
     # distdgl's own longer run reached 0.605: the target is 0.595, which lamp reaches in its first half
     _run(tmp_path, "accuracy-L3-converged/0", [(10.0, 0.5), (30.0, 0.605), (40.0, 0.6)], ["pipeline=distdgl"],
          pipeline="distdgl", best_val=0.605, test=0.6, epochs=3, epoch_times_s=[10.0] * 3, setup_s=2.0)
+    config = tmp_path / "accuracy-L3-converged" / "0" / "config.yaml"
+    config.write_text(OmegaConf.to_yaml({"cluster": {"kind": "netns"}, "train": {"epochs": 12, "patience": 2}}))
     text = "\n".join(lamp_section(collect(tmp_path)))
-    assert "| accuracy-L3 | wordnet | 3 | 8 | 0.5950 (converged (3 epochs)) | 22.0 (20.0–24.0) | 4.5 (4.0–5.0) |" in text
+    assert "| accuracy-L3 | wordnet | 3 | 8 | 0.5950 (converged: patience 2 stopped distdgl at 3 epochs) | 22.0 (20.0–24.0) | 4.5 (4.0–5.0) |" in text
     assert "| accuracy-L3-converged |" not in text  # it sets the target, it is not a compared pair
+    config.write_text(OmegaConf.to_yaml({"cluster": {"kind": "netns"}, "train": {"epochs": 3, "patience": 2}}))
+    text = "\n".join(lamp_section(collect(tmp_path)))
+    assert "0.5950 (distdgl's 3-epoch run: the epoch cap stopped it, not patience) |" in text
 
 
 def test_the_baseline_is_the_faster_distdgl_loop_where_both_ran():

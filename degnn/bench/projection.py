@@ -279,12 +279,15 @@ def _group_key(s: dict):
             (cfg.get("cluster") or {}).pop(key, None)
         return json.dumps(cfg, sort_keys=True)
     return (s.get("pipeline"), s.get("variant"), s.get("dataset"), s.get("layers"),
-            tuple(s.get("fanouts") or ()), s.get("machines"), s.get("trainers"), s.get("bits"))
+            tuple(s.get("fanouts") or ()), s.get("machines"), s.get("trainers"), s.get("bits"),
+            s.get("prefetch"), s.get("halo_cache"), s.get("roots"), s.get("engine"))
 
 
 def _setting(s: dict) -> str:
     cpus = s.get("cpus_per_machine")
-    return f"{s.get('pipeline')} {_bandwidth(s) or 'unlimited'} {cpus if cpus is not None else '-'} CPUs"
+    loop = f" prefetch {s['prefetch']}" if s.get("pipeline") == "distdgl" and s.get("prefetch") is not None else ""
+    return (f"{s.get('pipeline')}{loop} {s.get('dataset')} {_bandwidth(s) or 'unlimited'} "
+            f"{cpus if cpus is not None else '-'} CPUs")
 
 
 def measured_epoch(s: dict) -> Optional[float]:

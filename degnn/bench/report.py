@@ -668,6 +668,17 @@ def ablated(s: dict) -> bool:
 LAMP_KNOBS = ("bits", "engine", "prefetch", "fusion", "grad", "sync_budget", "roots")
 
 
+def converged_source(conv: List[dict]) -> str:
+    """Where a converged baseline's target comes from: patience stopped it, or the epoch cap did
+    (then the target is its best so far, not a converged one)."""
+    epochs = max(d.get("epochs") or 0 for d in conv)
+    train = (conv[0].get("_config") or {}).get("train") or {}
+    cap = train.get("epochs")
+    if cap is not None and epochs >= cap:
+        return f"distdgl's {epochs}-epoch run: the epoch cap stopped it, not patience"
+    return f"converged: patience {train.get('patience')} stopped distdgl at {epochs} epochs"
+
+
 def best_baseline(dist: List[dict]) -> Tuple[List[dict], str]:
     """distdgl at its best: where a group ran distdgl with several `pipeline.prefetch` settings,
     the runs of the one with the lowest median epoch, and a note naming it."""
@@ -747,7 +758,7 @@ def lamp_section(runs: List[dict]) -> List[str]:
             td, tl = spread(clock(d, target) for d in dist), spread(clock(s, target) for s in lamp)
             cols += [cell(td, ".1f"), cell(tl, ".1f"), ratio_cell(td, tl)]
         reached = sum(time_to_target(s, target) is not None for s in lamp)
-        source = f"converged ({max(d.get('epochs') or 0 for d in conv)} epochs)" if conv else "compared runs"
+        source = converged_source(conv) if conv else "compared runs"
         reach.append(f"| {key[0]} | {key[1]} | {key[2]} | {lamp[0].get('bits')} | {target:.4f} ({source}) | "
                      + " | ".join(cols) + f" | {reached} / {len(lamp)} |")
     if reach:
