@@ -898,7 +898,7 @@ def test_bench_lamp_composes_and_pairs_every_lamp_suite_with_distdgl():
     assert "pipeline.prefetch=0,2" in over["ablation-prefetch"] and "pipeline.fusion=false" in over["ablation-fusion"]
     assert "pipeline.grad=push" in over["ablation-grad"] and "pipeline.engine=server" in over["ablation-engine"]
     for name in ("ablation-prefetch", "ablation-fusion", "ablation-grad", "ablation-engine", "bytes-L3-100mbit-lamp"):
-        assert "model.layers=3" in over[name] and "dataset=wordnet,synthetic-arxiv" in over[name]
+        assert "model.layers=3" in over[name] and "dataset=wordnet,debian" in over[name]
     assert "cluster.bandwidth=100mbit" in over["bytes-L3-100mbit-distdgl"]
     # both engines with 2 trainers a machine
     assert {"pipeline.engine=trainer,server", "cluster.trainers_per_machine=2", "model.layers=3"} <= set(
@@ -907,7 +907,7 @@ def test_bench_lamp_composes_and_pairs_every_lamp_suite_with_distdgl():
     assert "pipeline.halo_cache=false,true" in over["ablation-owners-distdgl"]
     assert "pipeline.roots=owners,histories" in over["ablation-owners-lamp"]
     for name in ("ablation-owners-distdgl", "ablation-owners-lamp"):
-        assert {"model.layers=3", "dataset=wordnet,synthetic-arxiv", "train.patience=2"} <= set(over[name])
+        assert {"model.layers=3", "dataset=wordnet,debian", "train.patience=2"} <= set(over[name])
     # every job composes (a mistyped pipeline key fails here)
     for s in cfg.bench.suites:
         first = [o.split(",")[0] if o.startswith(("dataset=", "pipeline.")) else o for o in s.overrides]
