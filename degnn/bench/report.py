@@ -190,19 +190,8 @@ def comparisons(runs: List[dict]) -> List[str]:
 
 def median_epoch_s(s: dict) -> Optional[float]:
     """Median epoch time: robust to the first epoch's warm-up and to a noisy neighbour."""
-    times = sorted(s.get("epoch_times_s") or [])
-    if not times:
-        return s.get("epoch_time_s")
-    mid = len(times) // 2
-    return times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
-
-
-def _pooled_median(values: List[float]) -> Optional[float]:
-    v = sorted(values)
-    if not v:
-        return None
-    mid = len(v) // 2
-    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+    times = s.get("epoch_times_s") or []
+    return median(times) if times else s.get("epoch_time_s")
 
 
 def parity(runs: List[dict]) -> List[str]:
@@ -223,7 +212,7 @@ def parity(runs: List[dict]) -> List[str]:
 
         def epoch_s(group):
             pooled = [t for s in group for t in (s.get("epoch_times_s") or [])]
-            return _pooled_median(pooled) if pooled else _pooled_median([median_epoch_s(s) for s in group])
+            return median(pooled) if pooled else median([median_epoch_s(s) for s in group])
 
         def mean_of(group, key):
             vals = [s[key] for s in group if s.get(key) is not None]
@@ -269,7 +258,7 @@ def prefetch_pairs(runs: List[dict]) -> List[str]:
         times = [sorted(t for s in g for t in (s.get("epoch_times_s") or [])) for g in (on, off)]
         if not times[0] or not times[1]:
             continue
-        t1, t0 = (_pooled_median(t) for t in times)
+        t1, t0 = (median(t) for t in times)
 
         def mean_of(group, key):
             vals = [s[key] for s in group if s.get(key) is not None]

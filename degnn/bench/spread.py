@@ -6,6 +6,7 @@ separate the two sides.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -31,11 +32,9 @@ class Spread:
 
 
 def median(values: Iterable[float]) -> Optional[float]:
-    v = sorted(values)
-    if not v:
-        return None
-    mid = len(v) // 2
-    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+    """statistics.median, None for no values."""
+    v = list(values)
+    return statistics.median(v) if v else None
 
 
 def spread(values: Iterable[Optional[float]]) -> Optional[Spread]:
