@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from .records import bandwidth
+
 # which phase each byte category's time falls in
 CATEGORY_PHASE = {"sampling": "sampling", "features": "owner_wait", "allreduce": "allreduce",
                   "lamp_request": "owner_wait", "lamp_response": "owner_wait",
@@ -70,12 +72,6 @@ def rate(text) -> float:
     from degnn.launch.netns import parse_rate
 
     return parse_rate(str(text))
-
-
-def _bandwidth(s: dict) -> Optional[str]:
-    if s.get("bandwidth") is not None:
-        return s["bandwidth"]
-    return ((s.get("_config") or {}).get("cluster") or {}).get("bandwidth")
 
 
 @dataclass
@@ -158,7 +154,7 @@ def calibrate(s: dict, latency_s: float = 0.0) -> Calibration:
     if not phases or not s.get("batches"):
         raise ValueError(f"run {s.get('_rel', s.get('pipeline'))} has no time_per_batch_s or batches: "
                          "it cannot calibrate a projection")
-    bw = _bandwidth(s)
+    bw = bandwidth(s)
     b = rate(bw) if bw else math.inf
     by = phase_bytes(s)
     rt = round_trips(s)
@@ -286,7 +282,7 @@ def _group_key(s: dict):
 def _setting(s: dict) -> str:
     cpus = s.get("cpus_per_machine")
     loop = f" prefetch {s['prefetch']}" if s.get("pipeline") == "distdgl" and s.get("prefetch") is not None else ""
-    return (f"{s.get('pipeline')}{loop} {s.get('dataset')} {_bandwidth(s) or 'unlimited'} "
+    return (f"{s.get('pipeline')}{loop} {s.get('dataset')} {bandwidth(s) or 'unlimited'} "
             f"{cpus if cpus is not None else '-'} CPUs")
 
 
@@ -299,7 +295,7 @@ def measured_epoch(s: dict) -> Optional[float]:
 
 def usable(runs: List[dict]) -> List[dict]:
     return [s for s in runs if s.get("status") == "ok" and s.get("time_per_batch_s") and s.get("batches")
-            and s.get("pipeline") in ("distdgl", "lamp") and _bandwidth(s) and measured_epoch(s)]
+            and s.get("pipeline") in ("distdgl", "lamp") and bandwidth(s) and measured_epoch(s)]
 
 
 def delivered_speed(target: dict, cal: Calibration) -> Optional[float]:
@@ -323,7 +319,7 @@ def checks(runs: List[dict]) -> List[dict]:
                 if src is target:
                     continue
                 cal = calibrate(src)
-                bw, n, meas = rate(_bandwidth(target)), batches_per_epoch(target), measured_epoch(target)
+                bw, n, meas = rate(bandwidth(target)), batches_per_epoch(target), measured_epoch(target)
                 pred = epoch_time(cal, bw, float(target.get("cpus_per_machine") or 1.0), batches=n)
                 speed = delivered_speed(target, cal)
                 got = epoch_time(cal, bw, speed, batches=n) if speed else None
@@ -335,7 +331,7 @@ def checks(runs: List[dict]) -> List[dict]:
 
 
 def _kind(src: dict, target: dict) -> str:
-    same_bw = _bandwidth(src) == _bandwidth(target)
+    same_bw = bandwidth(src) == bandwidth(target)
     same_cpu = src.get("cpus_per_machine") == target.get("cpus_per_machine")
     if same_bw and same_cpu:
         return "repeat"
@@ -384,7 +380,7 @@ def _pick(runs: List[dict], pipeline: str, like: Optional[dict] = None) -> Optio
 def calibrations(runs: List[dict], sync_every_s: float = 5.0) -> Dict[str, Calibration]:
     """distdgl, lamp and tma calibrations of one dataset and model for the projection's grid (tma:
     a RandomTMA run's time per batch, else distdgl's compute)."""
-    base = _pick([s for s in runs if _bandwidth(s)], "distdgl")
+    base = _pick([s for s in runs if bandwidth(s)], "distdgl")
     if base is None:
         return {}
     out = {"distdgl": calibrate(base)}

@@ -53,6 +53,13 @@ def utc(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
+def bandwidth(s: dict) -> Optional[str]:
+    """A run's link rate: its summary's, else its config's (cluster.bandwidth); None if unlimited."""
+    if s.get("bandwidth") is not None:
+        return s["bandwidth"]
+    return ((s.get("_config") or {}).get("cluster") or {}).get("bandwidth")
+
+
 def repeat_of(rel: str) -> int:
     """The repeat of a run from its folder (`<suite>/r<k>/<job>`; 0 without a repeat folder)."""
     parts = rel.split("/")

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Tuple
 from degnn.metrics import read_curve
 
 from .projection import projection_section
-from .records import repeat_of
+from .records import bandwidth, repeat_of
 from .scale import plot_growth, scale_section
 from .spread import cell, median, ratio_cell, spread
 
@@ -76,12 +76,6 @@ def run_config(s: dict) -> dict:
         return OmegaConf.to_container(OmegaConf.load(path))
     except Exception:  # noqa: BLE001 - a report must not die on one odd run
         return {}
-
-
-def bandwidth(s: dict) -> Optional[str]:
-    if s.get("bandwidth") is not None:
-        return s["bandwidth"]
-    return (s.get("_config", {}).get("cluster") or {}).get("bandwidth")
 
 
 def failure(s: dict) -> Optional[str]:
