@@ -212,6 +212,8 @@ class BenchConfig:
     # CPUs of every netns machine of every launch suite (cluster.cpus_per_machine, appended to its
     # overrides unless the suite sets it): the same budget for every run compared; null = none
     cpus_per_machine: Optional[float] = 0.45
+    # run only these suites (by name, e.g. bench.only=[ablation-owners-distdgl]); empty = all
+    only: List[str] = field(default_factory=list)
 
 
 @dataclass

@@ -2,6 +2,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from omegaconf import OmegaConf
 
 from degnn.bench.records import as_run, current, read_records, write_records
@@ -45,6 +47,11 @@ def test_the_suite_list_repeats_in_both_orders_with_one_cpu_budget():
     assert sweep_dir(Path("/o"), bench, suites[1], 2) == Path("/o/a-lamp/r2")
     bench.suites[2].repeats = 1  # a suite that runs in the first repeat only (a converged baseline)
     assert [(rep, s.name) for rep, _, s in plan(bench) if s.name == "single"] == [(0, "single")]
+    bench.only = ["single", "a-distdgl"]  # a subset, in the bench's own order
+    assert [(rep, s.name) for rep, _, s in plan(bench)][:3] == [(0, "a-distdgl"), (0, "single"), (1, "a-distdgl")]
+    bench.only = ["a-lamp", "nope"]
+    with pytest.raises(ValueError, match="bench.only names nope: bench=x has suites a-distdgl, a-lamp, single"):
+        plan(bench)
     bench.cpus_per_machine = None
     bench.repeats = 1
     assert suite_overrides(bench, suites[0]) == ["cluster=netns", "pipeline=distdgl"]

@@ -48,9 +48,14 @@ def plan(bench) -> List[Tuple[int, int, object]]:
     `bench.repeats` times, every odd repeat reversed."""
     if bench.repeats < 1:
         raise ValueError(f"bench.repeats={bench.repeats}: must be at least 1")
+    names = [s.name for s in bench.suites]
+    unknown = [n for n in bench.only if n not in names]
+    if unknown:
+        raise ValueError(f"bench.only names {', '.join(unknown)}: bench={bench.name} has suites {', '.join(names)}")
+    chosen = [s for s in bench.suites if not bench.only or s.name in bench.only]
     out = []
     for rep in range(bench.repeats):
-        suites = list(bench.suites)[::-1] if rep % 2 else list(bench.suites)
+        suites = chosen[::-1] if rep % 2 else chosen
         suites = [s for s in suites if s.repeats is None or rep < s.repeats]
         out += [(rep, pos, suite) for pos, suite in enumerate(suites)]
     return out
