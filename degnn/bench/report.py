@@ -23,7 +23,7 @@ from degnn.metrics import read_curve
 from .projection import projection_section
 from .records import bandwidth, repeat_of
 from .scale import plot_growth, scale_section
-from .spread import cell, median, ratio_cell, spread
+from .spread import Spread, cell, median, ratio_cell, spread
 
 PLOT_HINT = "no plots: matplotlib is not installed (pip install 'degnn[bench]'); every table is here"
 
@@ -846,32 +846,41 @@ def _share(values: List[Optional[float]]) -> List[str]:
 def owners_section(runs: List[dict]) -> List[str]:
     """bench=lamp's ablation-owners suites: distdgl, distdgl reading its halo from a local copy,
     lamp with the roots read from the trainer's histories and lamp, at the same dataset, layers
-    and bandwidth; what each step adds to the gain from distdgl to lamp."""
+    and bandwidth, each over its repeats (median, min–max); what each step adds to the gain from
+    distdgl to lamp (from the medians)."""
     ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("lamp", "distdgl")
           and s["_rel"].startswith("ablation-owners")]
-    cells: Dict[tuple, Dict[str, dict]] = defaultdict(dict)
+    cells: Dict[tuple, Dict[str, List[dict]]] = defaultdict(lambda: defaultdict(list))
     for s in sorted(ok, key=lambda s: s["_rel"]):
         if s["pipeline"] == "lamp" and s.get("bits") not in (None, 8):
             continue
-        cells[(s["dataset"], s.get("layers"), bandwidth(s))].setdefault(_owners_variant(s), s)
-    rows, shares = [], []
+        cells[(s["dataset"], s.get("layers"), bandwidth(s))][_owners_variant(s)].append(s)
+    rows, shares, capped = [], [], []
     for (ds, layers, bw), got in sorted(cells.items(), key=lambda kv: str(kv[0])):
-        d = got.get("distdgl")
+        d = got.get("distdgl") or []
+        bd, td = spread(_beyond_allreduce(r) for r in d), spread(median_epoch_s(r) for r in d)
+        testd = spread(r.get("test") for r in d)
+        medians = {}
         for key, name in OWNERS_STEPS:
-            s = got.get(key)
-            if s is None:
+            rs = got.get(key)
+            if not rs:
                 continue
-            b, t = _beyond_allreduce(s), median_epoch_s(s)
-            bd, td = (_beyond_allreduce(d), median_epoch_s(d)) if d else (None, None)
-            rows.append(f"| {ds} | {layers} | {bw or '–'} | {name} | {kb(s.get('net_bytes_per_batch'))} | {kb(b)} | "
-                        f"{(bd / b if b and bd else float('nan')):.1f}x | {fmt(t, '.2f')} | "
-                        f"{(td / t if t and td else float('nan')):.2f}x | {s.get('epochs')} | {fmt(s.get('test'))} | "
-                        + (f"{(s['test'] - d['test']) * 100:+.2f} |" if d and s.get("test") is not None
-                           and d.get("test") is not None else "– |"))
-        if len(got) == len(OWNERS_STEPS):
-            steps = [got[k] for k, _ in OWNERS_STEPS]
-            for what, values in (("bytes beyond all-reduce", [_beyond_allreduce(s) for s in steps]),
-                                 ("epoch time", [median_epoch_s(s) for s in steps])):
+            b, t = spread(_beyond_allreduce(r) for r in rs), spread(median_epoch_s(r) for r in rs)
+            test = spread(r.get("test") for r in rs)
+            medians[key] = (b and b.median, t and t.median)
+            rows.append(f"| {ds} | {layers} | {bw or '–'} | {name} | {len(rs)} | "
+                        f"{cell(_kb(spread(r.get('net_bytes_per_batch') for r in rs)), ',.1f')} | "
+                        f"{cell(_kb(b), ',.1f')} | {ratio_cell(bd, b, bold=False, spec='.1f')} | {cell(t)} | "
+                        f"{ratio_cell(td, t, bold=False)} | {cell(spread(r.get('epochs') for r in rs), 'g')} | "
+                        f"{cell(test, '.4f')} | "
+                        + (f"{(test.median - testd.median) * 100:+.2f} |" if test and testd else "– |"))
+            for r in rs:
+                cap = ((r.get("_config") or {}).get("train") or {}).get("epochs")
+                if cap is not None and (r.get("epochs") or 0) >= cap:
+                    capped.append(f"{ds} {name}")
+        if len(medians) == len(OWNERS_STEPS):
+            for what, i in (("bytes beyond all-reduce", 0), ("epoch time", 1)):
+                values = [medians[k][i] for k, _ in OWNERS_STEPS]
                 shares.append(f"| {ds} | {layers} | {bw or '–'} | {what} | " + " | ".join(_share(values)) + " |")
     if not rows:
         return []
@@ -881,17 +890,27 @@ def owners_section(runs: List[dict]) -> List[str]:
            "(`pipeline.halo_cache=true`: caching alone), lamp with every remote top-hop root read from the "
            "trainer's own quantized histories (`pipeline.roots=histories`: LAMP's computation on local data and "
            "stale halo rows, no owner round trip), and lamp (the owners' fresh answers). Bytes per trainer and "
-           "batch on the wire; epoch time the median; test at the best validation point, and its difference "
-           "from distdgl in points.", "",
-           "| dataset | layers | bandwidth | variant | net KB/batch | beyond all-reduce KB | distdgl / this | "
+           "batch on the wire; epoch time the median of a run's "
+           "epochs; test at the best validation point, and the difference of its median from distdgl's in "
+           "points. Each cell is the median over the runs (min–max); a ratio whose two ranges overlap says so.",
+           "",
+           "| dataset | layers | bandwidth | variant | runs | net KB/batch | beyond all-reduce KB | distdgl / this | "
            "epoch s | distdgl / this | epochs | test | vs distdgl (points) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+    out.append("Runs stopped by the epoch cap rather than by patience (not converged): "
+               + (", ".join(sorted(set(capped))) + "." if capped else "none."))
+    out.append("")
     if shares:
-        out += ["Each step's share of the gain from distdgl to lamp (negative: that step costs more than it saves; "
-                f"–: the whole gain is under {SHARE_MIN_GAIN:.0%} of distdgl's, too small to split):",
+        out += ["Each step's share of the gain from distdgl to lamp, from the medians (negative: that step costs "
+                f"more than it saves; –: the whole gain is under {SHARE_MIN_GAIN:.0%} of distdgl's, too small to "
+                "split):",
                 "", "| dataset | layers | bandwidth | measure | halo cache | lamp's computation (histories) | "
                 "owners' fresh answers |", "|---|---|---|---|---|---|---|", *shares, ""]
     return out
+
+
+def _kb(s: Optional[Spread]) -> Optional[Spread]:
+    return None if s is None else Spread(s.median / 1024, s.lo / 1024, s.hi / 1024, s.n)
 
 
 def _bytes_picks(ok: List[dict]) -> Dict[tuple, dict]:

@@ -57,10 +57,10 @@ def cell(s: Optional[Spread], spec: str = ".2f") -> str:
     return "–" if s is None else s.cell(spec)
 
 
-def ratio_cell(num: Optional[Spread], den: Optional[Spread], bold: bool = True) -> str:
+def ratio_cell(num: Optional[Spread], den: Optional[Spread], bold: bool = True, spec: str = ".2f") -> str:
     """num.median / den.median as `1.23x`, with the overlap mark when the ranges overlap."""
     if num is None or den is None or not den.median or not num.median:
         return "–"
-    text = f"{num.median / den.median:.2f}x"
+    text = f"{format(num.median / den.median, spec)}x"
     text = f"**{text}**" if bold else text
     return text + (f" ({OVERLAP})" if overlap(num, den) else "")
