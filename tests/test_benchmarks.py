@@ -161,16 +161,16 @@ def test_quick_report_has_lamp_beside_distdgl_and_the_killed_tma_runs_beside_dis
 
 def figures_of(tmp_path, monkeypatch):
     """write_report's figures as saved (their artists outlive the closing): {file name: figure}."""
-    from degnn.bench import report
+    from degnn.bench.report import plots
 
     kept = {}
-    real = report._save
+    real = plots._save
 
     def keep(fig, path):
         kept[Path(path).name] = fig
         return real(fig, path)
 
-    monkeypatch.setattr(report, "_save", keep)
+    monkeypatch.setattr(plots, "_save", keep)
     write_report(tmp_path)
     return kept
 
@@ -210,10 +210,10 @@ def test_plots_one_colour_per_method_whole_layers_a_title_and_readable_names(tmp
 
 
 def test_report_without_matplotlib_has_its_tables_and_says_how_to_get_the_plots(tmp_path, monkeypatch):
-    from degnn.bench import report
+    from degnn.bench.report import plots
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails as if not installed
-    monkeypatch.setattr(report, "_PYPLOT", [])
+    monkeypatch.setattr(plots, "_PYPLOT", [])
     fake_run(tmp_path, "dist/0", pipeline="distdgl", layers=2, test=0.52, best_val=0.53, dataset="wordnet",
              net_bytes_per_batch=1000.0, time_per_batch_s={"compute": 0.25})
     text = write_report(tmp_path).read_text()

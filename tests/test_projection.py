@@ -142,9 +142,9 @@ def test_section_labels_predictions_within_and_over_the_bar(tmp_path):
 
 
 def test_section_projects_ratios_with_crossovers_and_the_cli(tmp_path, capsys, monkeypatch):
-    from degnn.bench import report
+    from degnn.bench.report import plots
 
-    monkeypatch.setattr(report, "_PYPLOT", [None])  # the tables only (the plot: bench=projection)
+    monkeypatch.setattr(plots, "_PYPLOT", [None])  # the tables only (the plot: bench=projection)
     lamp = summary("lamp", cats={"lamp_response": 0.05 * MB, "allreduce": 0.25 * MB}, prefetch=1,
                    rpc_round_trips_per_batch=1.0)
     lines = P.projection_section([summary(), lamp])

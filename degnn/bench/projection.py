@@ -506,9 +506,9 @@ def projection_section(runs: List[dict], out: Optional[Path] = None, detail: boo
 
 def plot_projection(cals: Dict[str, Calibration], path: Path) -> Optional[Path]:
     """Heat maps of lamp/distdgl and tma/distdgl over bandwidth and speed, ratio 1 drawn."""
-    from .report import _pyplot
+    from .report.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None or "distdgl" not in cals:
         return None
     panels = [r for r in RATIOS if r[1] in cals and not (r[2] and cals["distdgl"].exposed)]

@@ -2,7 +2,7 @@
 
 `python -m degnn.bench.results_md [--records DIR] [--out FILE]` writes one section per bench with
 current records: a sentence saying which runs, commits, dates, repeats and per-machine CPU budget
-its tables come from, then the report's tables (degnn.bench.report) over those runs; and a list of
+its tables come from, then the report's tables (degnn.bench.report.tables) over those runs; and a list of
 the benches without current records, with the command that makes them. Nothing in it is typed
 by hand and nothing depends on the machine it is generated on: tests/test_results_md.py checks
 that the committed RESULTS.md is what this writes from the committed records.
@@ -98,23 +98,9 @@ def repeat_spread(records: List[dict]) -> List[str]:
 
 def bench_section(name: str, records: List[dict]) -> List[str]:
     from . import report
-    from .projection import projection_section
-    from .scale import scale_section
 
     runs = [as_run(r) for r in sorted(records, key=lambda r: r["run"])]
-    body: List[str] = []
-    body += report.comparisons(runs)
-    body += report.parity(runs)
-    body += report.prefetch_pairs(runs)
-    body += report.link_section(runs)
-    body += report.tma_section(runs, Path("."), plots=False)
-    body += report.lamp_section(runs)
-    body += report.lamp_ablations(runs)
-    body += report.owners_section(runs)
-    body += report.breakdown_section(runs)
-    body += scale_section(runs, Path("."), lambda rs, path: None)
-    body += projection_section(runs)
-    body += repeat_spread(records)
+    body = report.tables(runs) + repeat_spread(records)
     if not body:
         body = ["No comparison table for these runs; their summaries are in the records.", ""]
     return [f"## bench={name}", "", provenance(records), "", *_demote(body)]
