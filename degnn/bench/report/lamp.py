@@ -104,7 +104,9 @@ def lamp_section(runs: List[dict]) -> List[str]:
             td, tl = spread(clock(d, target) for d in dist), spread(clock(s, target) for s in lamp)
             cols += [cell(td, ".1f"), cell(tl, ".1f"), ratio_cell(td, tl)]
         reached = sum(time_to_target(s, target) is not None for s in lamp)
-        source = converged_source(conv) if conv else "compared runs"
+        patience = ((dist[0].get("_config") or {}).get("train") or {}).get("patience")
+        source = (converged_source(conv) if conv else
+                  f"compared runs; {converged_source(dist)}" if patience else "compared runs")
         reach.append(f"| {key[0]} | {key[1]} | {key[2]} | {lamp[0].get('bits')} | {target:.4f} ({source}) | "
                      + " | ".join(cols) + f" | {reached} / {len(lamp)} |")
     if reach:
