@@ -1028,6 +1028,7 @@ def test_report_gives_each_owners_ablation_step_its_share_of_the_gain(tmp_path):
     assert ("| debian | 3 | 1gbit | lamp | 2 | 305.0 (300.0–310.0) | 205.0 (200.0–210.0) | 5.4x | 12.00 (11.00–13.00) | "
             "0.92x (ranges overlap) | 5 | 0.5800 | -2.50 |") in text
     assert "| debian | 3 | 1gbit | distdgl | 2 | 1,200.0 (1,100.0–1,300.0) |" in text
+    assert "| wordnet | 3 | 1gbit | distdgl | 1 | 1,100.0 | 1,000.0 | – | 10.00 | – | 6 | 0.6000 | – |" in text
     assert "by patience (not converged): debian distdgl." in text
     assert "| wordnet | 3 | 1gbit | distdgl + halo cache | 1 | 700.0 | 600.0 | 1.7x | 8.00 | 1.25x | 6 | 0.6100 | +1.00 |" in text
     assert "| wordnet | 3 | 1gbit | lamp, roots from histories | 1 | 250.0 | 150.0 | 6.7x | 5.00 | 2.00x | 6 | 0.5500 | -5.00 |" in text

@@ -25,6 +25,10 @@ def _short(s: dict) -> str:
             text += " sync=all"
         if s.get("engine", "server") != "server":
             text += f" engine={s['engine']}"
+        if s.get("roots", "owners") != "owners":
+            text += f" roots={s['roots']}"
+    elif s.get("halo_cache"):
+        text += " halo cache"
     if bandwidth(s):
         text += f" {bandwidth(s)}"
     return text

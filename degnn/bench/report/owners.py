@@ -58,12 +58,14 @@ def owners_section(runs: List[dict]) -> List[str]:
             b, t = spread(_beyond_allreduce(r) for r in rs), spread(median_epoch_s(r) for r in rs)
             test = spread(r.get("test") for r in rs)
             medians[key] = (b and b.median, t and t.median)
+            base = key == "distdgl"  # the baseline's own row: no ratio to itself
             rows.append(f"| {ds} | {layers} | {bw or '–'} | {name} | {len(rs)} | "
                         f"{cell(_kb(spread(r.get('net_bytes_per_batch') for r in rs)), ',.1f')} | "
-                        f"{cell(_kb(b), ',.1f')} | {ratio_cell(bd, b, bold=False, spec='.1f')} | {cell(t)} | "
-                        f"{ratio_cell(td, t, bold=False)} | {cell(spread(r.get('epochs') for r in rs), 'g')} | "
-                        f"{cell(test, '.4f')} | "
-                        + (f"{(test.median - testd.median) * 100:+.2f} |" if test and testd else "– |"))
+                        f"{cell(_kb(b), ',.1f')} | {'–' if base else ratio_cell(bd, b, bold=False, spec='.1f')} | "
+                        f"{cell(t)} | {'–' if base else ratio_cell(td, t, bold=False)} | "
+                        f"{cell(spread(r.get('epochs') for r in rs), 'g')} | {cell(test, '.4f')} | "
+                        + ("–" if base else f"{(test.median - testd.median) * 100:+.2f}" if test and testd else "–")
+                        + " |")
             for r in rs:
                 cap = ((r.get("_config") or {}).get("train") or {}).get("epochs")
                 if cap is not None and (r.get("epochs") or 0) >= cap:
