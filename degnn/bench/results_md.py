@@ -43,7 +43,9 @@ def provenance(records: List[dict]) -> str:
     suites = sorted({r["suite"] for r in records})
     repeats = max(r.get("repeat", 0) for r in records) + 1
     dates = sorted(r["date"] for r in records)
-    netns = [r for r in records if (r.get("settings") or {}).get("cluster", {}).get("kind") == "netns"]
+    # a run that failed before writing its config.yaml has its cluster in its overrides only
+    netns = [r for r in records if (r.get("settings") or {}).get("cluster", {}).get("kind") == "netns"
+             or "cluster=netns" in (r.get("overrides") or ())]
     cpus = {r["summary"].get("cpus_per_machine") for r in netns}
     budgets = sorted(c for c in cpus if c is not None)
     budget = ("every netns machine limited to " + " / ".join(f"{c:g}" for c in budgets)

@@ -3,7 +3,7 @@ and pipeline, each quantity's growth fitted as a log-log slope against the numbe
 (value ~ nodes ** slope: 1 is linear, 0 flat), the slopes in a table and the curves in one plot.
 
 A run belongs to the ladder when its dataset is one of the `synthetic-scale-*` graphs; its size is
-the number of nodes in its config.yaml (`dataset.num_nodes`).
+the number of nodes in its config.yaml (`dataset.num_nodes`), or in its dataset option file.
 """
 from __future__ import annotations
 
@@ -12,12 +12,20 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
+from degnn.config import CONF_DIR
+
 LADDER_PREFIX = "synthetic-scale-"
 
 
 def nodes(s: dict) -> Optional[int]:
-    """The run's graph size in nodes: the summary's `num_nodes`, else its config's dataset's."""
+    """The run's graph size in nodes: the summary's `num_nodes`, else its config's dataset's,
+    else (a run that failed before writing its config) the dataset option's of that name."""
     n = s.get("num_nodes") or ((s.get("_config") or {}).get("dataset") or {}).get("num_nodes")
+    option = Path(CONF_DIR, "dataset", f"{s.get('dataset')}.yaml")
+    if not n and str(s.get("dataset", "")).startswith(LADDER_PREFIX) and option.is_file():
+        from omegaconf import OmegaConf
+
+        n = OmegaConf.load(option).get("num_nodes")
     return int(n) if n else None
 
 
@@ -57,11 +65,21 @@ QUANTITIES: List[Tuple[str, str, Callable[[dict], Optional[float]]]] = [
 ]
 
 
+def _layers(s: dict):
+    """The run's layers: its summary's, else (a run that failed at start) its `model.layers=` override."""
+    if s.get("layers") is not None:
+        return s["layers"]
+    over = (s.get("_record") or {}).get("overrides") or ()
+    return next((o.split("=", 1)[1] for o in over if o.startswith("model.layers=")), None)
+
+
 def series_name(s: dict) -> str:
+    """pipeline[/variant] L<layers>, and M<machines> where not 4 (a series of its own)."""
     name = s.get("pipeline", "?")
     if s.get("variant") not in (None, "default"):
         name += f"/{s['variant']}"
-    return f"{name} L{s.get('layers')}"
+    name += f" L{_layers(s)}"
+    return name if s.get("machines", 4) == 4 else f"{name} M{s['machines']}"
 
 
 def ladder_runs(runs: List[dict]) -> List[dict]:
@@ -106,7 +124,7 @@ def scale_section(runs: List[dict], results: Path, plot: Callable) -> List[str]:
     if not ladder:
         return []
     out = ["## Growth with graph size", "",
-           "The bench=scale ladder: one row per run (4 machines). Partition: the partitioner's own "
+           "The bench=scale ladder: one row per run (4 machines; M8: 8). Partition: the partitioner's own "
            "numbers when it built the run's partition (assignment and writing; its process's peak "
            "RSS, the whole graph included). Set-up: before the first training batch (slowest "
            "trainer; bytes degnn counted and bytes the links sent, all trainers; largest trainer's "
@@ -120,8 +138,8 @@ def scale_section(runs: List[dict], results: Path, plot: Callable) -> List[str]:
             "|" + "---|" * (4 + len(cols))]
     for s in sorted(ladder, key=lambda s: (nodes(s), series_name(s))):
         status = s.get("status", "?")
-        if status != "ok" and s.get("error"):
-            status += f": {s['error']}"
+        if status != "ok" and s.get("error"):  # the fault line, without this host's log path
+            status += f": {s['error'].split('; log: ')[0]}"
         out.append(f"| {nodes(s):,} | {series_name(s)} | {status} | {_limit(s)} | "
                    + " | ".join(_cell(f(s)) for _, _, f in QUANTITIES) + " |")
     fits = growth(runs)
