@@ -135,9 +135,13 @@ def test_section_labels_predictions_within_and_over_the_bar(tmp_path):
     assert "within 20%" in text
     off = summary(bandwidth="100mbit", epoch=right / 1.3)
     text = "\n".join(P.projection_section([fast, off]))
-    assert "| distdgl toy 100mbit 0.5 CPUs | 1 | " in text and "+30% / +30% | 30% (30%) | over 20% |" in text
+    assert "| distdgl toy L3 100mbit 0.5 CPUs | 1 | " in text and "+30% / +30% | 30% (30%) | over 20% |" in text
     text = "\n".join(P.projection_section([fast, off], detail=True))
     assert "| +30% | over 20% |" in text
+    # a record's settings leave the dataset out: runs of another graph are not in the group
+    cfg = {"model": {"layers": 3}, "cluster": {"bandwidth": "1gbit"}}
+    other = summary(bandwidth="100mbit", dataset="toy2", _config=cfg)
+    assert P.checks([{**fast, "_config": cfg}, other]) == []
     assert P.verdict(0.19) == "within 20%" and P.verdict(-0.21) == "over 20%"
 
 

@@ -267,13 +267,14 @@ def fmt_rate(bps: float) -> str:
 # ---------------------------------------------------------------- the check against measurement
 
 def _group_key(s: dict):
-    """Runs of one group differ in their link and CPU budget only (their config.yaml otherwise)."""
+    """Runs of one group differ in their link and CPU budget only (their dataset and config.yaml
+    otherwise: a record's settings leave the dataset out)."""
     cfg = s.get("_config")
     if cfg:
         cfg = json.loads(json.dumps(cfg, default=str))
         for key in ("bandwidth", "cpus_per_machine"):
             (cfg.get("cluster") or {}).pop(key, None)
-        return json.dumps(cfg, sort_keys=True)
+        return json.dumps([s.get("dataset"), cfg], sort_keys=True)
     return (s.get("pipeline"), s.get("variant"), s.get("dataset"), s.get("layers"),
             tuple(s.get("fanouts") or ()), s.get("machines"), s.get("trainers"), s.get("bits"),
             s.get("prefetch"), s.get("halo_cache"), s.get("roots"), s.get("engine"))
@@ -282,7 +283,9 @@ def _group_key(s: dict):
 def _setting(s: dict) -> str:
     cpus = s.get("cpus_per_machine")
     loop = f" prefetch {s['prefetch']}" if s.get("pipeline") == "distdgl" and s.get("prefetch") is not None else ""
-    return (f"{s.get('pipeline')}{loop} {s.get('dataset')} {bandwidth(s) or 'unlimited'} "
+    loop += " halo cache" if s.get("halo_cache") else ""
+    loop += f" roots={s['roots']}" if s.get("roots", "owners") != "owners" else ""
+    return (f"{s.get('pipeline')}{loop} {s.get('dataset')} L{s.get('layers')} {bandwidth(s) or 'unlimited'} "
             f"{cpus if cpus is not None else '-'} CPUs")
 
 
