@@ -21,11 +21,12 @@ def nodes(s: dict) -> Optional[int]:
     """The run's graph size in nodes: the summary's `num_nodes`, else its config's dataset's,
     else (a run that failed before writing its config) the dataset option's of that name."""
     n = s.get("num_nodes") or ((s.get("_config") or {}).get("dataset") or {}).get("num_nodes")
-    option = Path(CONF_DIR, "dataset", f"{s.get('dataset')}.yaml")
-    if not n and str(s.get("dataset", "")).startswith(LADDER_PREFIX) and option.is_file():
-        from omegaconf import OmegaConf
+    if not n and str(s.get("dataset", "")).startswith(LADDER_PREFIX):
+        option = Path(CONF_DIR, "dataset", f"{s['dataset']}.yaml")
+        if option.is_file():
+            from omegaconf import OmegaConf
 
-        n = OmegaConf.load(option).get("num_nodes")
+            n = OmegaConf.load(option).get("num_nodes")
     return int(n) if n else None
 
 

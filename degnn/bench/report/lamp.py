@@ -8,7 +8,8 @@ from typing import Dict, List, Tuple
 
 from ..records import bandwidth
 from ..spread import cell, median, ratio_cell, spread
-from .runs import _beyond_allreduce, _group, ablated, fmt, kb, median_epoch_s, time_from_launch, time_to_target
+from .runs import (_beyond_allreduce, _group, ablated, fmt, hit_epoch_cap, kb, median_epoch_s, time_from_launch,
+                   time_to_target, train_setting)
 
 
 LAMP_KNOBS = ("bits", "engine", "prefetch", "fusion", "grad", "sync_budget", "roots")
@@ -18,11 +19,9 @@ def converged_source(conv: List[dict]) -> str:
     """Where a converged baseline's target comes from: patience stopped it, or the epoch cap did
     (then the target is its best so far, not a converged one)."""
     epochs = max(d.get("epochs") or 0 for d in conv)
-    train = (conv[0].get("_config") or {}).get("train") or {}
-    cap = train.get("epochs")
-    if cap is not None and epochs >= cap:
+    if any(hit_epoch_cap(d) for d in conv):
         return f"distdgl's {epochs}-epoch run: the epoch cap stopped it, not patience"
-    return f"converged: patience {train.get('patience')} stopped distdgl at {epochs} epochs"
+    return f"converged: patience {train_setting(conv[0], 'patience')} stopped distdgl at {epochs} epochs"
 
 
 def best_baseline(dist: List[dict]) -> Tuple[List[dict], str]:
@@ -104,9 +103,8 @@ def lamp_section(runs: List[dict]) -> List[str]:
             td, tl = spread(clock(d, target) for d in dist), spread(clock(s, target) for s in lamp)
             cols += [cell(td, ".1f"), cell(tl, ".1f"), ratio_cell(td, tl)]
         reached = sum(time_to_target(s, target) is not None for s in lamp)
-        patience = ((dist[0].get("_config") or {}).get("train") or {}).get("patience")
-        source = (converged_source(conv) if conv else
-                  f"compared runs; {converged_source(dist)}" if patience else "compared runs")
+        source = (converged_source(conv) if conv else f"compared runs; {converged_source(dist)}"
+                  if train_setting(dist[0], "patience") else "compared runs")
         reach.append(f"| {key[0]} | {key[1]} | {key[2]} | {lamp[0].get('bits')} | {target:.4f} ({source}) | "
                      + " | ".join(cols) + f" | {reached} / {len(lamp)} |")
     if reach:

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional
 
 from ..records import bandwidth
 from ..spread import Spread, cell, ratio_cell, spread
-from .runs import _beyond_allreduce, median_epoch_s
+from .runs import _beyond_allreduce, hit_epoch_cap, median_epoch_s
 
 
 OWNERS_STEPS = (("distdgl", "distdgl"), ("halo", "distdgl + halo cache"),
@@ -66,10 +66,7 @@ def owners_section(runs: List[dict]) -> List[str]:
                         f"{cell(spread(r.get('epochs') for r in rs), 'g')} | {cell(test, '.4f')} | "
                         + ("–" if base else f"{(test.median - testd.median) * 100:+.2f}" if test and testd else "–")
                         + " |")
-            for r in rs:
-                cap = ((r.get("_config") or {}).get("train") or {}).get("epochs")
-                if cap is not None and (r.get("epochs") or 0) >= cap:
-                    capped.append(f"{ds} {name}")
+            capped += [f"{ds} {name}" for r in rs if hit_epoch_cap(r)]
         if len(medians) == len(OWNERS_STEPS):
             for what, i in (("bytes beyond all-reduce", 0), ("epoch time", 1)):
                 values = [medians[k][i] for k, _ in OWNERS_STEPS]

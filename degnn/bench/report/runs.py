@@ -26,6 +26,17 @@ def method(s: dict) -> str:
     return name
 
 
+def train_setting(s: dict, key: str):
+    """A `train.` key of the run's config (`train.epochs`, `train.patience`); None without one."""
+    return ((s.get("_config") or {}).get("train") or {}).get(key)
+
+
+def hit_epoch_cap(s: dict) -> bool:
+    """Whether the run trained all its `train.epochs` (the cap, not patience, stopped it)."""
+    cap = train_setting(s, "epochs")
+    return cap is not None and (s.get("epochs") or 0) >= cap
+
+
 def group_key(s: dict) -> tuple:
     """Runs are told apart by pipeline, variant, dataset, layers, machines, bandwidth and failure."""
     return (s.get("pipeline"), s.get("variant"), s.get("dataset"), s.get("layers"), s.get("machines"),
