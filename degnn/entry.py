@@ -112,6 +112,10 @@ def run_server(cfg, run_dir: Path) -> None:
     from degnn.runtime import services
 
     services.register(cfg.pipeline.services)
+    # node features straight from the partition file into shared memory, not via a heap copy
+    from degnn.runtime import mapped_feats
+
+    mapped_feats.install()
     log.info("serving %s as server %s", os.environ["DGL_CONF_PATH"], os.environ["DGL_SERVER_ID"])
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])  # never returns in a server
 

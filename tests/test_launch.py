@@ -502,6 +502,9 @@ def test_failure_summary_keeps_the_epochs_done(tmp_path):
     assert s["status"] == "failed" and s["error"] == "trainer rank 1 was killed"
     assert (s["epochs"], s["best_val"], s["test"], s["best_epoch"], s["test_final"]) == (3, 0.6, 0.5, 2, 0.45)
     assert s["train_time_s"] == 3.0 and s["wall_s"] == 4.5
+    # rank 0 never wrote its config.yaml: the launcher's composed one stands in for the reports
+    from omegaconf import OmegaConf
+    assert OmegaConf.load(tmp_path / "config.yaml").pipeline.name == cfg_of().pipeline.name
     # a pipeline that stopped itself keeps its own reason
     (tmp_path / "summary.json").write_text(json.dumps({"status": "failed", "error": "diverged at epoch 4",
                                                        "epochs": 3}))

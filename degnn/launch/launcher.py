@@ -178,9 +178,24 @@ def write_failure(run_dir: str, cfg, message: str, failed=None, machines=None,
     if failed is not None:
         summary["failed_process"] = {"role": failed.role, "index": failed.index,
                                      "machine": failed.machine, "log": failed.log}
+    write_config_if_missing(run_dir, cfg)
     write_summary_file(path, summary, "the run's status is in this output and launch.log; "
                                       "curve.jsonl and checkpoints already written are kept")
     return summary
+
+
+def write_config_if_missing(run_dir: str, cfg) -> None:
+    """The launcher's composed config.yaml where rank 0 never wrote its own (a run that failed
+    while starting): reports and records read a run's settings from it."""
+    path = Path(run_dir) / "config.yaml"
+    if path.exists():
+        return
+    try:
+        from omegaconf import OmegaConf
+
+        path.write_text(OmegaConf.to_yaml(cfg))
+    except Exception as e:  # noqa: BLE001 - the failure summary matters more than its config
+        say(f"could not write {path} ({e})")
 
 
 def tolerates_trainer_faults(cfg) -> bool:

@@ -1,0 +1,111 @@
+"""Graph servers that load a part's node features without a second copy in memory.
+
+DGL's `DistGraphServer` reads `node_feat.dgl` whole into the heap (`load_tensors`) and then copies
+every tensor into shared memory, so while it starts a server holds its features twice: on the 4M
+rung of bench=scale that doubled copy is what pushed a graph server past a 2 GiB machine. Here the
+server reads the same file through `numpy.memmap` instead: the copy into shared memory pages the
+file in from the page cache, which the kernel can reclaim, so only the shared-memory copy stays.
+
+The file layout read here is DGL's tensor-dict format (`dgl.data.utils.save_tensors`, DGL 1.1):
+
+    u64 magic 0xDD5A9FBE3FA2443F, u64 count, u64 count, then count times:
+        u64 name length, the name's bytes,
+        u64 magic 0xDD5E40F096B4A13F, u64 reserved, i32 device type, i32 device id, i32 ndim,
+        u8 type code, u8 bits, u16 lanes, i64 shape[ndim], i64 data bytes, the data (C order)
+
+Any file that does not parse exactly (another DGL version, a type this does not know, a size that
+does not add up) is read by DGL's own `load_tensors`, as before.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from typing import Dict, Optional
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+_DICT_MAGIC = 0xDD5A9FBE3FA2443F
+_ARRAY_MAGIC = 0xDD5E40F096B4A13F
+_CPU = 1
+# DLPack (type code, bits) -> numpy dtype; lanes must be 1
+_DTYPES = {(0, 8): np.int8, (0, 16): np.int16, (0, 32): np.int32, (0, 64): np.int64,
+           (1, 8): np.uint8, (1, 16): np.uint16, (1, 32): np.uint32, (1, 64): np.uint64,
+           (2, 16): np.float16, (2, 32): np.float32, (2, 64): np.float64}
+
+
+class _Unparsed(Exception):
+    pass
+
+
+def _layout(path: str):
+    """[(name, dtype, shape, offset)] of a DGL tensor-dict file; _Unparsed where it is not one."""
+    size = os.path.getsize(path)
+    out = []
+    with open(path, "rb") as f:
+        def read(fmt):
+            n = struct.calcsize(fmt)
+            b = f.read(n)
+            if len(b) != n:
+                raise _Unparsed("truncated")
+            return struct.unpack(fmt, b)
+
+        magic, count, count2 = read("<QQQ")
+        if magic != _DICT_MAGIC or count != count2:
+            raise _Unparsed("not a DGL tensor dict")
+        for _ in range(count):
+            (nlen,) = read("<Q")
+            if nlen > 4096:
+                raise _Unparsed("name too long")
+            name = f.read(nlen).decode()
+            magic, _, dev, _, ndim, code, bits, lanes = read("<QQiiiBBH")
+            if magic != _ARRAY_MAGIC or dev != _CPU or lanes != 1 or (code, bits) not in _DTYPES or not 0 <= ndim <= 8:
+                raise _Unparsed(f"array {name}: unknown header")
+            shape = read(f"<{ndim}q") if ndim else ()
+            (nbytes,) = read("<q")
+            dtype = np.dtype(_DTYPES[(code, bits)])
+            if nbytes != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+                raise _Unparsed(f"array {name}: size does not match its shape")
+            out.append((name, dtype, tuple(shape), f.tell()))
+            f.seek(nbytes, os.SEEK_CUR)
+        if f.tell() != size:
+            raise _Unparsed("trailing bytes")
+    return out
+
+
+def load_tensors_mapped(path: str) -> Optional[Dict[str, "object"]]:
+    """The tensors of a DGL tensor-dict file as torch tensors over a private (copy-on-write)
+    memory map of it, or None where the file does not parse."""
+    import torch
+
+    try:
+        layout = _layout(path)
+    except (_Unparsed, UnicodeDecodeError, struct.error) as e:
+        log.info("%s: read by DGL (%s)", path, e)
+        return None
+    out = {}
+    for name, dtype, shape, offset in layout:
+        if int(np.prod(shape, dtype=np.int64)) == 0:  # memmap refuses empty arrays
+            out[name] = torch.from_numpy(np.empty(shape, dtype=dtype))
+        else:
+            out[name] = torch.from_numpy(np.memmap(path, dtype=dtype, mode="c", offset=offset, shape=shape))
+    return out
+
+
+def install() -> None:
+    """Make this process's DGL partition loading (the graph server's `load_partition_feats`) read
+    tensor files through `load_tensors_mapped`, falling back to DGL's reader."""
+    from dgl.distributed import partition
+
+    dgl_load = partition.load_tensors
+    if getattr(dgl_load, "degnn_mapped", False):
+        return
+
+    def load_tensors(filename, return_dgl_ndarray=False):
+        mapped = None if return_dgl_ndarray else load_tensors_mapped(filename)
+        return mapped if mapped is not None else dgl_load(filename, return_dgl_ndarray)
+
+    load_tensors.degnn_mapped = True
+    partition.load_tensors = load_tensors
