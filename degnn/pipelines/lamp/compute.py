@@ -144,6 +144,22 @@ def unflat(cls, state):
 
 
 # --- the computation -------------------------------------------------------------------------
+class HaloFeatures:
+    """The input features of a partition's halo nodes, stored for those nodes only and indexed by
+    local id like a full table (`halo_x[local_ids]`). A table sized to every node of the partition
+    would hold a dead zero row for each own node: on bench=scale's 4M graph that was 0.5 GB a
+    trainer (own nodes read their features from the KVStore's local partition instead). Only halo
+    ids may be looked up."""
+
+    def __init__(self, ids: torch.Tensor, x: torch.Tensor, num_nodes: int):
+        self.ids, self.x = ids.long(), x
+        self.row = torch.full((num_nodes,), -1, dtype=torch.int64)
+        self.row[self.ids] = torch.arange(len(self.ids))
+
+    def __getitem__(self, local_ids: torch.Tensor) -> torch.Tensor:
+        return self.x[self.row[local_ids]]
+
+
 def owned_local_ids(pb, gids: torch.Tensor, what: str) -> torch.Tensor:
     """Local ids of `gids`, global ids that must all be nodes this machine owns (ValueError
     naming `what` otherwise). Owners check every id they are sent."""
@@ -233,8 +249,7 @@ class Owner:
         # h^(1..L-2): the layers read as leaves (the top hidden layer, h^(L-1), is prepared fresh
         # by the owners, so its history is kept only with pipeline.roots=histories)
         history = History(lg.num_nodes, m["hidden"], m["history_layers"], m["bits"])
-        halo_x = torch.zeros(lg.num_nodes, feat.shape[1])
-        halo_x[setup.halo_ids] = setup.halo_x.float()
+        halo_x = HaloFeatures(setup.halo_ids, setup.halo_x.float(), lg.num_nodes)
         boundary = torch.zeros(lg.num_nodes, dtype=torch.bool)
         boundary[setup.boundary.long()] = True
         return cls(lg, feat, halo_x, boundary, model, dict(m), history)

@@ -153,8 +153,7 @@ def make_owners(engine: str, ctx, lg, feat, halo_x, boundary, model, meta: dict,
     from degnn.pipelines.lamp.compute import Setup
     from degnn.pipelines.lamp.service import ServerOwners
 
-    halo = torch.nonzero(~lg.inner).flatten()
-    setup = Setup(meta, halo, halo_x[halo], torch.nonzero(boundary).flatten())
+    setup = Setup(meta, halo_x.ids, halo_x.x, torch.nonzero(boundary).flatten())
     return ServerOwners(ctx.counter, ctx.graph.get_partition_book().partid, setup if leader else None)
 
 

@@ -16,7 +16,7 @@ from degnn.pipelines.base import Pipeline
 from degnn.runtime.device import to_device
 from degnn.tasks.link import NEG_PER_POS, link_loss
 from degnn.pipelines.lamp.config import LAMPConfig
-from degnn.pipelines.lamp.compute import GradRows, HistoryPull, HistoryRows, Roots, Weights, add_grads
+from degnn.pipelines.lamp.compute import GradRows, HaloFeatures, HistoryPull, HistoryRows, Roots, Weights, add_grads
 from degnn.pipelines.lamp.graph import CompGraph, LocalGraph, fusion_counts, unfold
 from degnn.pipelines.lamp.halo import HaloSync
 from degnn.pipelines.lamp.history import ages_summary
@@ -221,13 +221,13 @@ class LAMPPipeline(Pipeline):
         self.setup_bytes = (len(self.halo.gid) * (8 + self.in_dim * 4)) if self.leader else 0
         self.boundary = self._boundary()
 
-    def _copy_halo(self, feat) -> torch.Tensor:
-        """The halo nodes' input features by local id (rows of own nodes stay zero), pulled from
-        their owners in pieces of pipeline.setup_chunk_mb."""
-        halo_x = torch.zeros(self.lg.num_nodes, self.in_dim)
+    def _copy_halo(self, feat) -> HaloFeatures:
+        """The halo nodes' input features (looked up by local id), pulled from their owners in
+        pieces of pipeline.setup_chunk_mb."""
+        x = torch.empty(len(self.halo.gid), self.in_dim)
         for part in chunks(len(self.halo.gid), self.in_dim * 4, self.chunk_bytes):
-            halo_x[self.halo.local[part]] = feat[self.halo.gid[part]].float()
-        return halo_x
+            x[part] = feat[self.halo.gid[part]].float()
+        return HaloFeatures(self.halo.local, x, self.lg.num_nodes)
 
     def _boundary(self) -> torch.Tensor:
         """Own nodes that other machines hold as halo nodes: the only own history rows anyone
