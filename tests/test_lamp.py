@@ -507,7 +507,8 @@ def test_setup_streams_the_halo_copy_and_history_fill_in_pieces():
     fake = SimpleNamespace(lg=SimpleNamespace(num_nodes=n, nid=nid, inner=inner), in_dim=dim,
                            halo=SimpleNamespace(local=halo, gid=nid[halo]), chunk_bytes=64 * dim * 4,
                            L=3, tables=1, leader=True, bits=8, setup_bytes=0,
-                           evaluator=SimpleNamespace(inference=lambda: [hidden, None]),
+                           cfg=SimpleNamespace(pipeline=SimpleNamespace(engine="trainer", halo_store="memory")),
+                           evaluator=SimpleNamespace(inference=lambda layers=None: [hidden, None][:layers]),
                            owners=SimpleNamespace(init_history=stored.extend))
     x = LAMPPipeline._copy_halo(fake, feat)
     # looked up by local id; stored for the halo nodes only
@@ -523,6 +524,50 @@ def test_setup_streams_the_halo_copy_and_history_fill_in_pieces():
     assert torch.equal(torch.cat([r.scale for r in stored]), whole.scale)
     assert (torch.cat([r.codes for r in stored]).int() - whole.codes.int()).abs().max() <= 1
     assert fake.setup_bytes == len(halo) * (8 + 8 * 4)
+
+
+def test_engine_server_keeps_one_halo_table_that_trainer_and_servers_map():
+    """engine=server: the leader writes the halo features into a /dev/shm file that its graph
+    servers' owners map (Setup.halo_path) instead of receiving a copy; the file may be unlinked
+    once they have, and both still see the same pages."""
+    torch.manual_seed(0)
+    whole, part = random_partition()
+    lg = LocalGraph.from_partition(part)
+    halo = torch.nonzero(~lg.inner).flatten()
+    x, path = compute.halo_table(len(halo), 5, "/dev/shm")
+    assert path.startswith("/dev/shm/degnn-lamp-halo-") and os.path.getsize(path) == len(halo) * 5 * 4
+    x[:] = torch.randn(len(halo), 5)
+    meta = dict(kind="sage", in_dim=5, hidden=8, out_dim=4, layers=2, dropout=0.0, heads=1,
+                history_layers=0, bits=8)
+    setup = compute.Setup(meta, halo, torch.empty(0), torch.empty(0, dtype=torch.int64), path)
+    owner = compute.Owner.build(lg, torch.randn(int(lg.inner.sum()), 5), setup)
+    os.unlink(path)  # what the trainer does after the set-up's ack
+    x[3] += 1  # one table: the owner sees the trainer's write
+    assert torch.equal(owner.halo_x[halo], x)
+    y, none = compute.halo_table(len(halo), 5, None)  # engine=trainer: private memory
+    assert none == "" and y.shape == (len(halo), 5)
+
+
+def test_halo_store_disk_maps_the_halo_features_from_an_unlinked_file():
+    """pipeline.halo_store=disk: the set-up writes the halo features into a file in the temporary
+    directory and keeps only its mapping (file pages the kernel may drop and re-read)."""
+    import tempfile
+    from types import SimpleNamespace
+
+    from degnn.pipelines.lamp.pipeline import LAMPPipeline
+
+    n, dim = 300, 8
+    nid = torch.randperm(1000)[:n]
+    halo = torch.arange(100, n)
+    feat = _Pulls(torch.randn(1000, dim))
+    fake = SimpleNamespace(lg=SimpleNamespace(num_nodes=n), in_dim=dim, leader=True, chunk_bytes=16 * dim * 4,
+                           halo=SimpleNamespace(local=halo, gid=nid[halo]),
+                           cfg=SimpleNamespace(pipeline=SimpleNamespace(engine="trainer", halo_store="disk")))
+    x = LAMPPipeline._copy_halo(fake, feat)
+    assert torch.equal(x[halo], feat.t[nid[halo]]) and fake.halo_path == ""
+    with open("/proc/self/maps") as f:
+        mapped = [line.split(None, 5)[-1].strip() for line in f if "degnn-lamp-halo-" in line]
+    assert mapped and all(m.startswith(tempfile.gettempdir()) and m.endswith("(deleted)") for m in mapped), mapped
 
 
 def test_answers_of_several_request_sets_in_flight_reach_their_own_receive(monkeypatch):

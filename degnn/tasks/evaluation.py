@@ -9,7 +9,7 @@ negatives with the model's decoder and rank 0 averages the reciprocal ranks of a
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import dgl
 import torch
@@ -51,14 +51,15 @@ class DistEvaluator:
         ]
 
     @torch.no_grad()
-    def inference(self) -> list:
+    def inference(self, layers: Optional[int] = None) -> list:
         """Every layer's output for every node (one DistTensor a layer, input layer first), from
-        one layer-wise whole-graph pass; every trainer calls it (collective)."""
+        one layer-wise whole-graph pass; every trainer calls it (collective). layers: only the
+        first that many are computed (the later DistTensors are left as they were)."""
         feat_bytes = self.g.ndata["feat"].shape[1] * 4
         x = self.g.ndata["feat"]
         self.model.eval()
         sampler = MultiLayerFullNeighborSampler(1)
-        for i, out in enumerate(self.outputs):
+        for i, out in enumerate(self.outputs[:layers]):
             loader = DistNodeDataLoader(self.g, self.all_nids, sampler, batch_size=self.batch_size,
                                         shuffle=False, drop_last=False)
             row_bytes = (feat_bytes if i == 0 else x.shape[1] * 4)

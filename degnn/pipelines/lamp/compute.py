@@ -15,6 +15,8 @@ servers import this module through service.py before `dgl.distributed.initialize
 """
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass, field, fields
 from typing import Dict, List, Optional, Tuple
 
@@ -36,11 +38,13 @@ class Setup:
     hidden, out_dim, layers, dropout, heads, fanouts, bits, seed, fusion, history_layers: the
     history tables kept); halo_ids: local ids of halo nodes, halo_x: their input features;
     boundary: local ids of own nodes that are halo nodes of other machines (the only own rows
-    anyone reads from the histories)."""
+    anyone reads from the histories); halo_path: where the trainer shares halo_x instead (a file
+    in the machine's /dev/shm, see `halo_table`; halo_x is then empty)."""
     meta: dict
     halo_ids: torch.Tensor
     halo_x: torch.Tensor
     boundary: torch.Tensor
+    halo_path: str = ""
 
 
 @dataclass
@@ -160,6 +164,29 @@ class HaloFeatures:
         return self.x[self.row[local_ids]]
 
 
+def halo_table(rows: int, dim: int, where: Optional[str]) -> Tuple[torch.Tensor, str]:
+    """An uninitialised float32 table for `rows` halo nodes' features, and its path. where: a
+    directory for a file the table maps (shared with the processes that map it too,
+    `map_halo_table`): /dev/shm for the machine's graph servers with engine=server (the machine
+    then holds one copy, not one per process: 0.5 GB on bench=scale's 4M graph), a disk directory
+    for pipeline.halo_store=disk (pages the kernel may drop under memory pressure and re-read);
+    None: in this process's memory, path ''. The caller unlinks the file once it is mapped
+    everywhere (the mappings keep it)."""
+    if where is None or rows * dim == 0:
+        return torch.empty(rows, dim), ""
+    fd, path = tempfile.mkstemp(prefix="degnn-lamp-halo-", dir=where)
+    try:
+        os.ftruncate(fd, rows * dim * 4)
+    finally:
+        os.close(fd)
+    return map_halo_table(path, rows, dim), path
+
+
+def map_halo_table(path: str, rows: int, dim: int) -> torch.Tensor:
+    """The halo table a trainer shared at `path` (halo_table), mapped, not copied."""
+    return torch.from_file(path, shared=True, size=rows * dim, dtype=torch.float32).view(rows, dim)
+
+
 def owned_local_ids(pb, gids: torch.Tensor, what: str) -> torch.Tensor:
     """Local ids of `gids`, global ids that must all be nodes this machine owns (ValueError
     naming `what` otherwise). Owners check every id they are sent."""
@@ -249,7 +276,9 @@ class Owner:
         # h^(1..L-2): the layers read as leaves (the top hidden layer, h^(L-1), is prepared fresh
         # by the owners, so its history is kept only with pipeline.roots=histories)
         history = History(lg.num_nodes, m["hidden"], m["history_layers"], m["bits"])
-        halo_x = HaloFeatures(setup.halo_ids, setup.halo_x.float(), lg.num_nodes)
+        x = (map_halo_table(setup.halo_path, len(setup.halo_ids), m["in_dim"]) if setup.halo_path
+             else setup.halo_x.float())
+        halo_x = HaloFeatures(setup.halo_ids, x, lg.num_nodes)
         boundary = torch.zeros(lg.num_nodes, dtype=torch.bool)
         boundary[setup.boundary.long()] = True
         return cls(lg, feat, halo_x, boundary, model, dict(m), history)

@@ -44,3 +44,9 @@ class LAMPConfig(PipelineConfig):
     # the set-up reads the halo nodes' features and fills the histories in pieces of this many
     # MB (no whole halo or partition copy in flight beside what the machine keeps)
     setup_chunk_mb: float = 32.0
+    # where the halo nodes' features live: memory (the trainer's RAM; with engine=server a /dev/shm
+    # file the machine's graph servers map: one copy a machine) or disk (a file in the machine's
+    # temporary directory, $TMPDIR or /tmp, memory-mapped by the trainer and its servers: the
+    # kernel keeps the rows it reads in the page cache and may drop them when the machine is short
+    # of memory, re-reading them from disk; for machines smaller than what LAMP keeps)
+    halo_store: str = "memory"

@@ -141,8 +141,10 @@ class Owners:
         """Wait for every acknowledgement still in flight."""
 
 
-def make_owners(engine: str, ctx, lg, feat, halo_x, boundary, model, meta: dict, leader: bool) -> Owners:
-    """The owners of `pipeline.engine` (every trainer calls it: collective with engine=trainer)."""
+def make_owners(engine: str, ctx, lg, feat, halo_x, boundary, model, meta: dict, leader: bool,
+                halo_path: str = "") -> Owners:
+    """The owners of `pipeline.engine` (every trainer calls it: collective with engine=trainer).
+    halo_path: where halo_x is shared with this machine's graph servers (compute.halo_table)."""
     if engine == "trainer":
         pb = ctx.graph.get_partition_book()
         ranks = [None] * ctx.world_size
@@ -153,7 +155,8 @@ def make_owners(engine: str, ctx, lg, feat, halo_x, boundary, model, meta: dict,
     from degnn.pipelines.lamp.compute import Setup
     from degnn.pipelines.lamp.service import ServerOwners
 
-    setup = Setup(meta, halo_x.ids, halo_x.x, torch.nonzero(boundary).flatten())
+    setup = Setup(meta, halo_x.ids, torch.empty(0) if halo_path else halo_x.x, torch.nonzero(boundary).flatten(),
+                  halo_path)
     return ServerOwners(ctx.counter, ctx.graph.get_partition_book().partid, setup if leader else None)
 
 

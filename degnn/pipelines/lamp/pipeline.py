@@ -1,6 +1,8 @@
 """The LAMP pipeline (trainer side); the design is described in degnn/pipelines/lamp/__init__.py."""
 from __future__ import annotations
 
+import os
+import tempfile
 from collections import deque
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
@@ -16,7 +18,8 @@ from degnn.pipelines.base import Pipeline
 from degnn.runtime.device import to_device
 from degnn.tasks.link import NEG_PER_POS, link_loss
 from degnn.pipelines.lamp.config import LAMPConfig
-from degnn.pipelines.lamp.compute import GradRows, HaloFeatures, HistoryPull, HistoryRows, Roots, Weights, add_grads
+from degnn.pipelines.lamp.compute import (GradRows, HaloFeatures, HistoryPull, HistoryRows, Roots, Weights, add_grads,
+                                          halo_table)
 from degnn.pipelines.lamp.graph import CompGraph, LocalGraph, fusion_counts, unfold
 from degnn.pipelines.lamp.halo import HaloSync
 from degnn.pipelines.lamp.history import ages_summary
@@ -35,6 +38,7 @@ def chunks(n: int, row_bytes: int, chunk_bytes: int):
         yield slice(lo, min(n, lo + step))
 
 ENGINES = ("server", "trainer")
+HALO_STORES = ("memory", "disk")
 ROOTS = ("owners", "histories")
 
 
@@ -65,6 +69,9 @@ def check_lamp_config(pcfg, model_cfg) -> None:
     if pcfg.engine not in ENGINES:
         raise ValueError(f"pipeline.engine={pcfg.engine}: choose server (the owners' preparation runs in DGL's graph "
                          f"servers) or trainer (in each machine's trainer process, over torch.distributed)")
+    if pcfg.halo_store not in HALO_STORES:
+        raise ValueError(f"pipeline.halo_store={pcfg.halo_store}: choose memory (the halo nodes' features in RAM) "
+                         f"or disk (in a memory-mapped file under $TMPDIR, paged in and out by the kernel)")
     if pcfg.roots not in ROOTS:
         raise ValueError(f"pipeline.roots={pcfg.roots}: choose owners (the remote roots prepared by their owners, "
                          f"LAMP) or histories (read from this machine's histories, the ablation)")
@@ -151,9 +158,11 @@ class LAMPPipeline(Pipeline):
         self._build_model()
         self._read_partition()
         self._start_owners()
-        self.log.info("lamp: %d train %s on this trainer, %s, %d local nodes (%d halo), %d bits, "
-                      "histories initialised by one layer-wise inference pass", self.num_train, self.task.unit,
-                      self.task.describe(), self.lg.num_nodes, len(self.halo.local), self.bits)
+        self.log.info("lamp: %d train %s on this trainer, %s, %d local nodes (%d halo, their features in %s), "
+                      "%d bits, %s", self.num_train, self.task.unit, self.task.describe(), self.lg.num_nodes,
+                      len(self.halo.local), cfg.pipeline.halo_store, self.bits,
+                      f"{self.tables} history tables initialised by one layer-wise inference pass" if self.tables
+                      else "no history table (2 layers)")
 
     # --- setup ---------------------------------------------------------------------------------
     def _split_seeds(self) -> None:
@@ -223,10 +232,19 @@ class LAMPPipeline(Pipeline):
 
     def _copy_halo(self, feat) -> HaloFeatures:
         """The halo nodes' input features (looked up by local id), pulled from their owners in
-        pieces of pipeline.setup_chunk_mb."""
-        x = torch.empty(len(self.halo.gid), self.in_dim)
+        pieces of pipeline.setup_chunk_mb, into compute.halo_table's table: with engine=server the
+        leader's is a file its graph servers map (one copy on the machine, not two); with
+        pipeline.halo_store=disk it is a file on disk, whose pages the kernel may drop and re-read."""
+        pcfg = self.cfg.pipeline
+        shared = self.leader and pcfg.engine == "server"
+        where = tempfile.gettempdir() if pcfg.halo_store == "disk" else ("/dev/shm" if shared else None)
+        x, path = halo_table(len(self.halo.gid), self.in_dim, where)
         for part in chunks(len(self.halo.gid), self.in_dim * 4, self.chunk_bytes):
             x[part] = feat[self.halo.gid[part]].float()
+        # the servers map the file by its path; unshared, the mapping alone keeps it
+        self.halo_path = path if shared else ""
+        if path and not shared:
+            os.unlink(path)
         return HaloFeatures(self.halo.local, x, self.lg.num_nodes)
 
     def _boundary(self) -> torch.Tensor:
@@ -259,8 +277,13 @@ class LAMPPipeline(Pipeline):
                     layers=self.L, dropout=float(cfg.model.dropout), heads=cfg.model.heads,
                     fanouts=self.fanouts, bits=self.bits, seed=int(cfg.train.seed) + self.me, fusion=self.fused,
                     history_layers=self.tables)
-        self.owners = make_owners(cfg.pipeline.engine, self.ctx, self.lg, self.local_feat, self.halo_x, self.boundary,
-                                  self.gnn, meta, self.leader)
+        try:
+            self.owners = make_owners(cfg.pipeline.engine, self.ctx, self.lg, self.local_feat, self.halo_x,
+                                      self.boundary, self.gnn, meta, self.leader, self.halo_path)
+        finally:
+            if self.halo_path:  # the servers have mapped it (or failed): the mappings keep the pages
+                os.unlink(self.halo_path)
+                self.halo_path = ""
         dist.barrier()
         self._init_histories()
         self._ship_weights(wait=True)
@@ -268,8 +291,11 @@ class LAMPPipeline(Pipeline):
 
     def _init_histories(self) -> None:
         """h^(1..L-2) (roots=histories: h^(1..L-1)) of every node of this partition from one
-        whole-graph layer-wise pass, read and stored in pieces (`chunks`)."""
-        outputs = self.evaluator.inference()  # every trainer: collective
+        whole-graph layer-wise pass through those layers only, read and stored in pieces (`chunks`).
+        With no history table (2 layers, roots=owners) there is nothing to fill and no pass."""
+        if self.tables == 0:
+            return
+        outputs = self.evaluator.inference(self.tables)  # every trainer: collective
         if not self.leader:
             return
         for layer in range(1, self.tables + 1):
