@@ -503,18 +503,20 @@ def test_setup_streams_the_halo_copy_and_history_fill_in_pieces():
     inner = torch.rand(n) < 0.4
     halo = torch.nonzero(~inner).flatten()
     feat, hidden = _Pulls(torch.randn(5000, dim)), _Pulls(torch.randn(5000, 8))
-    stored = []
+    stored, released = [], []
     fake = SimpleNamespace(lg=SimpleNamespace(num_nodes=n, nid=nid, inner=inner), in_dim=dim,
                            halo=SimpleNamespace(local=halo, gid=nid[halo]), chunk_bytes=64 * dim * 4,
                            L=3, tables=1, leader=True, bits=8, setup_bytes=0,
                            cfg=SimpleNamespace(pipeline=SimpleNamespace(engine="trainer", halo_store="memory")),
-                           evaluator=SimpleNamespace(inference=lambda layers=None: [hidden, None][:layers]),
+                           evaluator=SimpleNamespace(inference=lambda layers=None: [hidden, None][:layers],
+                                                     release=lambda: released.append(1)),
                            owners=SimpleNamespace(init_history=stored.extend))
     x = LAMPPipeline._copy_halo(fake, feat)
     # looked up by local id; stored for the halo nodes only
     assert torch.equal(x[halo], feat.t[nid[halo]]) and x.x.shape == (len(halo), dim)
     assert max(feat.reads) == 64 and sum(feat.reads) == len(halo)
     LAMPPipeline._init_histories(fake)
+    assert released == [1]  # the evaluator's DistTensors are freed once the histories are filled
     assert len(stored) == -(-n // (64 * dim // 8)) and max(hidden.reads) == 128  # 8-dim rows: twice the rows
     ids = torch.cat([r.ids for r in stored])
     assert torch.equal(ids, torch.arange(n)) and {r.layer for r in stored} == {1}

@@ -296,15 +296,14 @@ class LAMPPipeline(Pipeline):
         if self.tables == 0:
             return
         outputs = self.evaluator.inference(self.tables)  # every trainer: collective
-        if not self.leader:
-            return
-        for layer in range(1, self.tables + 1):
+        for layer in range(1, self.tables + 1) if self.leader else ():
             out = outputs[layer - 1]
             dim = out.shape[1]
             self.setup_bytes += int((~self.lg.inner).sum()) * (8 + dim * 4)
             for part in chunks(self.lg.num_nodes, dim * 4, self.chunk_bytes):
                 ids = torch.arange(part.start, part.stop)
                 self.owners.init_history([HistoryRows.of(layer, ids, out[self.lg.nid[part]], 0, self.bits)])
+        self.evaluator.release()  # every trainer: collective
 
     def _ship_weights(self, wait: bool) -> None:
         """The weights the owners compute with (every layer but the top), with their version."""
