@@ -19,6 +19,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from degnn.pipelines.record import RunRecord, param_digest, rng_state, set_rng_state
+from degnn.proc import trim_heap
 from degnn.runtime.console import progress_bar
 
 
@@ -115,10 +116,17 @@ class EpochLoop:
         if self.ctx.is_rank0:
             self.p.log.info("resumed from %s after epoch %d", self.cfg.resume, state["epoch"])
 
+    def trim(self, phase: str) -> None:
+        """Free heap pages back to the kernel before the next phase allocates (proc.trim_heap)."""
+        freed = trim_heap()
+        if freed >= 2**24:
+            self.p.log.info("after the %s: %.0f MB of freed heap handed back to the kernel", phase, freed / 2**20)
+
     def run(self) -> dict:
         p, ctx, cfg, rec = self.p, self.ctx, self.cfg, self.record
         state = rec.state
         p.setup()
+        self.trim("set-up")
         rec.mark_setup()
         self.resume()
         rec.write_config()
@@ -160,6 +168,7 @@ class EpochLoop:
         # the wall-time budget; ranks measure slightly different times: rank 0 decides for all
         over = cfg.train.time_limit_s > 0 and broadcast_object(state["train_time_s"] >= cfg.train.time_limit_s)
         if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs or over:
+            self.trim("epoch")
             t_eval = time.time()
             val, test = p.evaluate()
             record.update(val=val, test=test, eval_s=round(time.time() - t_eval, 3))
