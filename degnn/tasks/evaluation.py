@@ -45,38 +45,45 @@ class DistEvaluator:
         self.all_nids = dgl.distributed.node_split(torch.ones(n, dtype=torch.bool), self.pb, force_even=True)
         self.score = task.scorer(ctx)
         self.dims = list(task.out_dims())
-        self.outputs: list = []  # the DistTensors of the last inference, until release()
+        # each layer's DistTensor while an inference needs it (None when not allocated): created by
+        # `inference`, deleted by `release`
+        self.outputs: list = [None] * len(self.dims)
 
-    def _allocate(self) -> None:
-        """One DistTensor a layer on the graph servers (collective)."""
-        policy = self.g.get_node_partition_policy("_N")
-        n = self.g.num_nodes()
-        self.outputs = [
-            dgl.distributed.DistTensor((n, d), torch.float32, name=f"degnn_eval_h{i}",
-                                       part_policy=policy, persistent=True)
-            for i, d in enumerate(self.dims)
-        ]
+    def _allocate(self, i: int) -> None:
+        """Layer i's DistTensor on the graph servers (collective)."""
+        self.outputs[i] = dgl.distributed.DistTensor(
+            (self.g.num_nodes(), self.dims[i]), torch.float32, name=f"degnn_eval_h{i}",
+            part_policy=self.g.get_node_partition_policy("_N"), persistent=True)
+
+    def _delete(self, i: int) -> None:
+        """Layer i's DistTensor deleted from the graph servers (collective; DGL's own deletion,
+        what DistTensor.__del__ does for a non-persistent one)."""
+        t, self.outputs[i] = self.outputs[i], None
+        if t is not None:
+            t.kvstore.delete_data(t._name)
 
     def release(self) -> None:
-        """Delete the outputs' DistTensors from the graph servers (collective). Kept between
-        evaluations they would hold every layer's rows for every node while the pipeline trains:
-        0.5 GiB of a machine's shared memory on bench=scale's 4M graph (128 hidden floats a node)."""
-        for t in self.outputs:
-            t.kvstore.delete_data(t._name)  # DGL's own deletion (DistTensor.__del__ of a non-persistent one)
-        self.outputs = []
+        """Delete every output's DistTensor (collective). Kept between evaluations they would hold
+        every layer's rows for every node while the pipeline trains: 0.5 GiB of a machine's shared
+        memory a hidden layer on bench=scale's 4M graph (128 floats a node)."""
+        for i in range(len(self.outputs)):
+            self._delete(i)
 
     @torch.no_grad()
-    def inference(self, layers: Optional[int] = None) -> list:
+    def inference(self, layers: Optional[int] = None, keep: bool = True) -> list:
         """Every layer's output for every node (one DistTensor a layer, input layer first), from
         one layer-wise whole-graph pass; every trainer calls it (collective). layers: only the
-        first that many are computed (the later DistTensors are left as they were)."""
-        if not self.outputs:
-            self._allocate()
+        first that many are computed and allocated (the others stay None). keep=False deletes each
+        layer's tensor once the next one is computed (a machine holds two layers' shares at most;
+        only the last one is returned)."""
         feat_bytes = self.g.ndata["feat"].shape[1] * 4
         x = self.g.ndata["feat"]
         self.model.eval()
         sampler = MultiLayerFullNeighborSampler(1)
-        for i, out in enumerate(self.outputs[:layers]):
+        for i in range(len(self.dims) if layers is None else layers):
+            if self.outputs[i] is None:
+                self._allocate(i)
+            out = self.outputs[i]
             loader = DistNodeDataLoader(self.g, self.all_nids, sampler, batch_size=self.batch_size,
                                         shuffle=False, drop_last=False)
             row_bytes = (feat_bytes if i == 0 else x.shape[1] * 4)
@@ -85,12 +92,14 @@ class DistEvaluator:
                 out[output_nodes] = self.model.layer_forward(i, blocks[0], x[input_nodes])
                 self.ctx.heartbeat.beat()
             self.g.barrier()
+            if not keep and i > 0:
+                self._delete(i - 1)
             x = out
         self.model.train()
         return self.outputs
 
     def __call__(self) -> Tuple[float, float]:
-        val, test = self.score(self.inference()[-1], self.model, self.evaluate_fn)
+        val, test = self.score(self.inference(keep=False)[-1], self.model, self.evaluate_fn)
         self.release()
         box = [val, test]
         dist.broadcast_object_list(box, src=0)
