@@ -23,6 +23,14 @@ def remote_rows(pb, nids: torch.Tensor) -> int:
     return int((pb.nid2partid(nids) != pb.partid).sum())
 
 
+def unfilled(shape, dtype) -> torch.Tensor:
+    """A DistTensor's initial rows as DGL's server copies them into shared memory: left unwritten
+    (a fresh mapping reads as zeros without being resident). DGL's default fills a heap tensor with
+    zeros first, so a server briefly held each layer's share twice: 0.5 GiB more on bench=scale's
+    4M graph, enough to exceed a 3 GiB machine. (Module-level: DGL pickles it to the servers.)"""
+    return torch.empty(shape, dtype=dtype)
+
+
 def gather_to_rank0(ctx, obj) -> list:
     """Every trainer's `obj`, on rank 0 (None elsewhere)."""
     gathered = [None] * ctx.world_size
@@ -53,7 +61,7 @@ class DistEvaluator:
         """Layer i's DistTensor on the graph servers (collective)."""
         self.outputs[i] = dgl.distributed.DistTensor(
             (self.g.num_nodes(), self.dims[i]), torch.float32, name=f"degnn_eval_h{i}",
-            part_policy=self.g.get_node_partition_policy("_N"), persistent=True)
+            part_policy=self.g.get_node_partition_policy("_N"), init_func=unfilled, persistent=True)
 
     def _delete(self, i: int) -> None:
         """Layer i's DistTensor deleted from the graph servers (collective; DGL's own deletion,
