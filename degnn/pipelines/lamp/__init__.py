@@ -52,9 +52,11 @@ One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
    ask of the round) into one graph (level 1).
    fusion=false computes every path of every request on its own (graph.unfold), the ablation.
 
-Histories are initialised with one layer-wise inference pass (the evaluator's whole-graph pass,
-`DistEvaluator.inference`, computes every layer's output for every node). Evaluation is the
-evaluator's, as for distdgl.
+Histories are initialised with one layer-wise inference pass through the history layers (the
+evaluator's whole-graph pass, `DistEvaluator.inference(layers)`, computes those layers' outputs
+for every node; a 2-layer model has no history and skips it). Evaluation is the evaluator's, as
+for distdgl. The halo nodes' features are copied once at set-up, into memory or, with
+`pipeline.halo_store=disk`, into a memory-mapped file the kernel may page out.
 
 Choices where the paper is silent (docs/background.md, "LAMP (DEGNN)"), and why:
 * Histories keep h^(1..L-2) only (GAS keeps L-1 tables): a remote node's h^(L-1) is always
