@@ -39,7 +39,8 @@ class Setup:
     history tables kept); halo_ids: local ids of halo nodes, halo_x: their input features;
     boundary: local ids of own nodes that are halo nodes of other machines (the only own rows
     anyone reads from the histories); halo_path: where the trainer shares halo_x instead (a file
-    in the machine's /dev/shm, see `halo_table`; halo_x is then empty)."""
+    its graph servers map, in the machine's /dev/shm or, with pipeline.halo_store=disk, on disk:
+    `halo_table`; halo_x is then empty)."""
     meta: dict
     halo_ids: torch.Tensor
     halo_x: torch.Tensor
