@@ -25,9 +25,10 @@ def remote_rows(pb, nids: torch.Tensor) -> int:
 
 def unfilled(shape, dtype) -> torch.Tensor:
     """A DistTensor's initial rows as DGL's server copies them into shared memory: left unwritten
-    (a fresh mapping reads as zeros without being resident). DGL's default fills a heap tensor with
-    zeros first, so a server briefly held each layer's share twice: 0.5 GiB more on bench=scale's
-    4M graph, enough to exceed a 3 GiB machine. (Module-level: DGL pickles it to the servers.)"""
+    (an inference writes every node's row of a layer before any is read; a large fresh allocation
+    is not even resident until then). DGL's default fills a heap tensor with zeros first, so a
+    server briefly held each layer's share twice: 0.5 GiB more on bench=scale's 4M graph, enough to
+    exceed a 3 GiB machine. (Module-level: DGL pickles it to the servers.)"""
     return torch.empty(shape, dtype=dtype)
 
 
