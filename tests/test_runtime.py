@@ -210,3 +210,35 @@ def test_gloo_connect_failure_is_one_line_naming_host_address_and_key(monkeypatc
     assert "bound 10.9.9.9 (no GLOO_SOCKET_IFNAME" in connect_error(
         RuntimeError("failed to connect, local=[10.9.9.9]:1, remote=[10.0.0.1]:2"))
     assert connect_error(RuntimeError("CUDA out of memory")) is None
+
+
+class _Book:
+    """A partition book whose machine 0 owns global ids `owned`, local id = position."""
+    partid = 0
+
+    def __init__(self, owned):
+        self.local = {int(g): i for i, g in enumerate(owned)}
+
+    def nid2localnid(self, gids, part):
+        import torch
+
+        return torch.tensor([self.local[int(g)] for g in gids])
+
+
+class _Tensor:
+    def __init__(self, rows):
+        self.local_partition = rows
+
+
+def test_own_rows_are_the_stores_rows_only_in_its_order():
+    import torch
+
+    from degnn.runtime.own_rows import own_rows
+
+    rows = torch.arange(12.0).reshape(4, 3)
+    pb = _Book([7, 3, 9, 5])  # the store's row i is global id owned[i]
+    same = own_rows(_Tensor(rows), pb, torch.tensor([7, 3, 9, 5]))
+    assert same is rows  # the shared rows themselves, no copy
+    assert own_rows(_Tensor(rows), pb, torch.tensor([3, 7, 9, 5])) is None  # another order
+    assert own_rows(_Tensor(rows), pb, torch.tensor([7, 3, 9])) is None  # not every row
+    assert own_rows(object(), pb, torch.tensor([7, 3, 9, 5])) is None  # no local store

@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from degnn.metrics import ring_allreduce_bytes, timed_allreduce_hook
 from degnn.pipelines.base import Pipeline
 from degnn.runtime.device import to_device
+from degnn.runtime.own_rows import own_rows
 from degnn.tasks.link import NEG_PER_POS, link_loss
 from degnn.pipelines.lamp.config import LAMPConfig
 from degnn.pipelines.lamp.compute import (GradRows, HaloFeatures, HistoryPull, HistoryRows, Roots, Weights, add_grads,
@@ -218,12 +219,13 @@ class LAMPPipeline(Pipeline):
         local id, the halo nodes' features (a one-time replica: setup bytes) and the boundary."""
         g, cfg = self.ctx.graph, self.cfg
         self.lg = LocalGraph.from_partition(g.local_partition)
-        inner = torch.nonzero(self.lg.inner).flatten()
-        if not torch.equal(self.pb.nid2localnid(self.lg.nid[inner], self.me).long(), inner):
-            raise RuntimeError("pipeline=lamp: local ids of the partition graph and of the KVStore differ")
-        self.local_feat = g.ndata["feat"].local_partition  # own nodes' rows, by local id
+        own = self.lg.nid[torch.nonzero(self.lg.inner).flatten()]
+        self.local_feat = own_rows(g.ndata["feat"], self.pb, own)  # own nodes' rows, by local id
+        if self.local_feat is None:
+            raise RuntimeError("pipeline=lamp: this machine's partition graph and its KVStore order "
+                               "the machine's nodes differently (or there is no local graph server)")
         # labels by local id too: no DGL RPC may run while LAMP answers are in flight (service.receive)
-        self.local_label = None if self.link else g.ndata["label"].local_partition
+        self.local_label = None if self.link else own_rows(g.ndata["label"], self.pb, own)
         self.halo = HaloSync(self.lg, self.pb, self.tables, int(cfg.train.seed) + self.ctx.rank, cfg.pipeline.sync_budget,
                              int(cfg.pipeline.weight_sync_steps) + self.prefetch)
         self.halo_x = self._copy_halo(g.ndata["feat"])

@@ -30,6 +30,7 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from degnn.metrics import ID_BYTES, sampling_bytes
+from degnn.tasks.evaluation import unfilled
 
 # units of every phase per partition: a dead trainer's share is spread over this many hand-outs
 UNITS_PER_PART = 4
@@ -55,8 +56,10 @@ class SharedEvaluation:
                 self.homes.append(part)
             lo += n
         policy = g.get_node_partition_policy("_N")
+        # kept for the whole run (creating one is a barrier, safe only here, with every trainer
+        # alive); unwritten at first: a phase writes every node's row before the next reads any
         self.outputs = [dgl.distributed.DistTensor((g.num_nodes(), d), torch.float32, name=tensor_name(i),
-                                                   part_policy=policy, persistent=True)
+                                                   part_policy=policy, init_func=unfilled, persistent=True)
                         for i, d in enumerate(task.out_dims())]
         self.layers = len(self.outputs)
         self.phases = self.layers + 1  # the layers, then the scoring

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import dgl
 import torch
 
+from degnn.runtime.own_rows import own_rows
+
 
 @dataclass
 class LocalData:
@@ -41,20 +43,11 @@ def _csc_edges(part: dgl.DGLGraph):
 
 
 def _own_features(g, gids: torch.Tensor) -> torch.Tensor:
-    """The features of this machine's own nodes `gids`, in that order. When they are the KVStore's
-    own rows in its order (DGL's partitions: inner nodes first, in the store's order), its
-    shared-memory rows themselves; otherwise a copy pulled through the KVStore (0.5 GB a machine
-    on bench=scale's 4M graph, beside the shared rows)."""
+    """The features of this machine's own nodes `gids`, in that order: the KVStore's shared rows
+    when they are in its order (degnn/runtime/own_rows.py), otherwise a copy pulled through it."""
     feat = g.ndata["feat"]
-    pb = g.get_partition_book()
-    try:
-        own = feat.local_partition
-    except (AttributeError, KeyError):  # no local store (a trainer without a server)
-        own = None
-    if (own is not None and len(own) == len(gids) and own.dtype == torch.float32
-            and torch.equal(pb.nid2localnid(gids, pb.partid).long(), torch.arange(len(gids)))):
-        return own
-    return feat[gids].float()
+    own = own_rows(feat, g.get_partition_book(), gids)
+    return own if own is not None and own.dtype == torch.float32 else feat[gids].float()
 
 
 def build_local_data(g, part_config: str, log, task) -> LocalData:
