@@ -15,6 +15,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from degnn.config import CONF_DIR
 
 LADDER_PREFIX = "synthetic-scale-"
+LADDER_BATCH = 1024  # the ladder's batch size (bench=scale); a run with another is a series of its own
 
 
 def nodes(s: dict) -> Optional[int]:
@@ -74,12 +75,24 @@ def _layers(s: dict):
     return next((o.split("=", 1)[1] for o in over if o.startswith("model.layers=")), None)
 
 
+def _batch_size(s: dict):
+    """The run's train.batch_size: its config's, else its `train.batch_size=` override."""
+    b = ((s.get("_config") or {}).get("train") or {}).get("batch_size")
+    if b is not None:
+        return int(b)
+    over = (s.get("_record") or {}).get("overrides") or ()
+    return next((int(o.split("=", 1)[1]) for o in over if o.startswith("train.batch_size=")), None)
+
+
 def series_name(s: dict) -> str:
-    """pipeline[/variant] L<layers>, and M<machines> where not 4 (a series of its own)."""
+    """pipeline[/variant] L<layers>, and B<batch size> where not 1024 and M<machines> where not 4
+    (each a series of its own: a batch's working set and bytes depend on both)."""
     name = s.get("pipeline", "?")
     if s.get("variant") not in (None, "default"):
         name += f"/{s['variant']}"
     name += f" L{_layers(s)}"
+    if _batch_size(s) not in (None, LADDER_BATCH):
+        name += f" B{_batch_size(s)}"
     return name if s.get("machines", 4) == 4 else f"{name} M{s['machines']}"
 
 
@@ -125,7 +138,7 @@ def scale_section(runs: List[dict], results: Path, plot: Callable) -> List[str]:
     if not ladder:
         return []
     out = ["## Growth with graph size", "",
-           "The bench=scale ladder: one row per run (4 machines; M8: 8). Partition: the partitioner's own "
+           "The bench=scale ladder: one row per run (4 machines, batch 1024; M8: 8 machines, B512: batch 512). Partition: the partitioner's own "
            "numbers when it built the run's partition (assignment and writing; its process's peak "
            "RSS, the whole graph included). Set-up: before the first training batch (slowest "
            "trainer; bytes degnn counted and bytes the links sent, all trainers; largest trainer's "
