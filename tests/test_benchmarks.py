@@ -40,6 +40,17 @@ def test_report_compares_with_the_reference_and_across_layers(tmp_path):
     assert (tmp_path / "bytes_per_batch.png").stat().st_size > 1000
 
 
+def test_bytes_across_layers_pair_only_runs_of_one_batch_size(tmp_path):
+    common = {"dataset": "wordnet", "machines": 4, "epochs": 1, "train_time_s": 4.5, "test": 0.5}
+    for name, layers, batch, nbytes in (("dist2", 2, 1024, 1000.0), ("dist3", 3, 512, 1500.0)):
+        fake_run(tmp_path, f"{name}/0", pipeline="distdgl", layers=layers, net_bytes_per_batch=nbytes, **common)
+        (tmp_path / name / "0" / "config.yaml").write_text(f"train:\n  batch_size: {batch}\n")
+    text = write_report(tmp_path).read_text()
+    assert "Bytes per batch as layers grow" not in text  # half the batch is not a layer's growth
+    (tmp_path / "dist3" / "0" / "config.yaml").write_text("train:\n  batch_size: 1024\n")
+    assert "| distdgl | wordnet | net_bytes_per_batch | 2 -> 3 | 1.0 | 1.5 | 1.50x |" in write_report(tmp_path).read_text()
+
+
 def test_report_writes_every_runs_summary_as_one_csv(tmp_path):
     import csv
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Dict, List
 
 from ..records import bandwidth
-from .runs import failure, fmt, group_key, kb, method
+from .runs import failure, fmt, group_key, kb, method, train_setting
 
 
 def table(runs: List[dict]) -> List[str]:
@@ -57,7 +57,9 @@ def comparisons(runs: List[dict]) -> List[str]:
     for key, s in sorted(by_key.items(), key=lambda kv: str(kv[0])):
         pipe, ds, layers = s["pipeline"], s["dataset"], s.get("layers")
         deeper = by_key.get(key[:3] + ((layers or 0) + 1,) + key[4:])
-        if pipe == "single" or deeper is None:
+        # bytes per batch grow with the batch too: only a pair of one batch size compares layers
+        if pipe == "single" or deeper is None or \
+                train_setting(s, "batch_size") != train_setting(deeper, "batch_size"):
             continue
         pipe = method(s) + (f" {bandwidth(s)}" if bandwidth(s) else "")
         for key in ("net_bytes_per_batch", "app_bytes_per_batch"):
