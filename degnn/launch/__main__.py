@@ -142,6 +142,11 @@ def main(cfg: DictConfig) -> None:
     if interrupted:
         _fail("interrupted while preparing the dataset and partitions; nothing was started",
               128 + interrupted[0])
+    # a partition built here leaves the whole graph's freed blocks in this process's heap, which
+    # then waits out the whole run beside the machines: hand them back to the kernel
+    from degnn.proc import trim_heap
+
+    trim_heap()
     _print_partition_report(part_config)
     _launch(cfg, run_dir, str(part_config), task)
 
