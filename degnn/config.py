@@ -72,6 +72,10 @@ class TrainConfig:
     # limit then come every N batches: link prediction's epochs are long)
     batches_per_epoch: int = 0
     eval_batch_size: int = 4096
+    # the dtype of the evaluation's hidden-layer tables (every node's output of every layer below
+    # the top, DistTensors on the servers): float32, or float16 to halve the shared memory an
+    # evaluation adds to a machine (computation stays float32; the top layer's outputs too)
+    eval_hidden_dtype: str = "float32"
     # stop after this many evaluations without a better validation metric (0 = never)
     patience: int = 0
     # keep a resumable checkpoint every N epochs

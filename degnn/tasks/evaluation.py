@@ -23,6 +23,9 @@ def remote_rows(pb, nids: torch.Tensor) -> int:
     return int((pb.nid2partid(nids) != pb.partid).sum())
 
 
+HIDDEN_DTYPES = {"float32": torch.float32, "float16": torch.float16}  # train.eval_hidden_dtype
+
+
 def unfilled(shape, dtype) -> torch.Tensor:
     """A DistTensor's initial rows as DGL's server copies them into shared memory: left unwritten
     (an inference writes every node's row of a layer before any is read; a large fresh allocation
@@ -54,14 +57,19 @@ class DistEvaluator:
         self.all_nids = dgl.distributed.node_split(torch.ones(n, dtype=torch.bool), self.pb, force_even=True)
         self.score = task.scorer(ctx)
         self.dims = list(task.out_dims())
+        self.hidden_dtype = HIDDEN_DTYPES.get(str(ctx.cfg.train.eval_hidden_dtype))
+        if self.hidden_dtype is None:
+            raise ValueError(f"train.eval_hidden_dtype={ctx.cfg.train.eval_hidden_dtype} is not one of "
+                             f"{', '.join(HIDDEN_DTYPES)}")
         # each layer's DistTensor while an inference needs it (None when not allocated): created by
         # `inference`, deleted by `release`
         self.outputs: list = [None] * len(self.dims)
 
     def _allocate(self, i: int) -> None:
         """Layer i's DistTensor on the graph servers (collective)."""
+        dtype = self.hidden_dtype if i < len(self.dims) - 1 else torch.float32
         self.outputs[i] = dgl.distributed.DistTensor(
-            (self.g.num_nodes(), self.dims[i]), torch.float32, name=f"degnn_eval_h{i}",
+            (self.g.num_nodes(), self.dims[i]), dtype, name=f"degnn_eval_h{i}",
             part_policy=self.g.get_node_partition_policy("_N"), init_func=unfilled, persistent=True)
 
     def _delete(self, i: int) -> None:
@@ -95,10 +103,11 @@ class DistEvaluator:
             out = self.outputs[i]
             loader = DistNodeDataLoader(self.g, self.all_nids, sampler, batch_size=self.batch_size,
                                         shuffle=False, drop_last=False)
-            row_bytes = (feat_bytes if i == 0 else x.shape[1] * 4)
+            row_bytes = (feat_bytes if i == 0 else x.shape[1] * x.dtype.itemsize)
             for input_nodes, output_nodes, blocks in loader:
                 self.ctx.counter.add("eval", remote_rows(self.pb, input_nodes) * row_bytes)
-                out[output_nodes] = self.model.layer_forward(i, blocks[0], x[input_nodes])
+                h = self.model.layer_forward(i, blocks[0], x[input_nodes].float())
+                out[output_nodes] = h.to(out.dtype)
                 self.ctx.heartbeat.beat()
             self.g.barrier()
             if not keep and i > 0:

@@ -304,7 +304,7 @@ class LAMPPipeline(Pipeline):
             self.setup_bytes += int((~self.lg.inner).sum()) * (8 + dim * 4)
             for part in chunks(self.lg.num_nodes, dim * 4, self.chunk_bytes):
                 ids = torch.arange(part.start, part.stop)
-                self.owners.init_history([HistoryRows.of(layer, ids, out[self.lg.nid[part]], 0, self.bits)])
+                self.owners.init_history([HistoryRows.of(layer, ids, out[self.lg.nid[part]].float(), 0, self.bits)])
         self.evaluator.release()  # every trainer: collective
 
     def _ship_weights(self, wait: bool) -> None:
