@@ -74,7 +74,8 @@ class TrainConfig:
     eval_batch_size: int = 4096
     # the dtype of the evaluation's hidden-layer tables (every node's output of every layer below
     # the top, DistTensors on the servers): float32, or float16 to halve the shared memory an
-    # evaluation adds to a machine (computation stays float32; the top layer's outputs too)
+    # evaluation adds to a machine (computation stays float32; the top layer's outputs too);
+    # distdgl's and LAMP's evaluation, LAMP's history fill and degnn.infer (tma keeps float32)
     eval_hidden_dtype: str = "float32"
     # stop after this many evaluations without a better validation metric (0 = never)
     patience: int = 0
