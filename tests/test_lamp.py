@@ -507,7 +507,9 @@ def test_setup_streams_the_halo_copy_and_history_fill_in_pieces():
     fake = SimpleNamespace(lg=SimpleNamespace(num_nodes=n, nid=nid, inner=inner), in_dim=dim,
                            halo=SimpleNamespace(local=halo, gid=nid[halo]), chunk_bytes=64 * dim * 4,
                            L=3, tables=1, leader=True, bits=8, setup_bytes=0,
-                           cfg=SimpleNamespace(pipeline=SimpleNamespace(engine="trainer", halo_store="memory")),
+                           ctx=SimpleNamespace(rank=0),
+                           cfg=SimpleNamespace(pipeline=SimpleNamespace(engine="trainer", halo_store="memory", halo_bits=32),
+                                               train=SimpleNamespace(seed=0)),
                            evaluator=SimpleNamespace(inference=lambda layers=None: [hidden, None][:layers],
                                                      release=lambda: released.append(1)),
                            owners=SimpleNamespace(init_history=stored.extend))
@@ -536,8 +538,9 @@ def test_engine_server_keeps_one_halo_table_that_trainer_and_servers_map():
     whole, part = random_partition()
     lg = LocalGraph.from_partition(part)
     halo = torch.nonzero(~lg.inner).flatten()
-    x, path = compute.halo_table(len(halo), 5, "/dev/shm")
+    table, path = compute.halo_table(len(halo), 5, 32, "/dev/shm")
     assert path.startswith("/dev/shm/degnn-lamp-halo-") and os.path.getsize(path) == len(halo) * 5 * 4
+    x = table.view(torch.float32)
     x[:] = torch.randn(len(halo), 5)
     meta = dict(kind="sage", in_dim=5, hidden=8, out_dim=4, layers=2, dropout=0.0, heads=1,
                 history_layers=0, bits=8)
@@ -546,8 +549,31 @@ def test_engine_server_keeps_one_halo_table_that_trainer_and_servers_map():
     os.unlink(path)  # what the trainer does after the set-up's ack
     x[3] += 1  # one table: the owner sees the trainer's write
     assert torch.equal(owner.halo_x[halo], x)
-    y, none = compute.halo_table(len(halo), 5, None)  # engine=trainer: private memory
-    assert none == "" and y.shape == (len(halo), 5)
+    y, none = compute.halo_table(len(halo), 5, 32, None)  # engine=trainer: private memory
+    assert none == "" and y.shape == (len(halo), 5 * 4) and y.dtype == torch.uint8
+
+
+@pytest.mark.parametrize("bits", [16, 8])
+def test_halo_features_at_fewer_bits_read_back_within_one_rounding_step(bits):
+    """pipeline.halo_bits=16 / 8: the halo table keeps a half / about a quarter of float32's
+    bytes and reads back float32 rows within one quantization step of the features (8 bits:
+    stochastic rounding, so the mean error over many rows is near zero); only halo ids are rows."""
+    torch.manual_seed(0)
+    n, dim, halo = 50, 12, torch.arange(10, 50)
+    table, _ = compute.halo_table(len(halo), dim, bits, None)
+    x = torch.randn(len(halo), dim)
+    hf = compute.HaloFeatures(halo, table, n, dim, bits)
+    hf.write(slice(0, 25), x[:25])
+    hf.write(slice(25, 40), x[25:])
+    assert table.numel() == len(halo) * (dim * 2 if bits == 16 else dim + 4)
+    got = hf[halo[[3, 0, 39, 3]]]
+    assert got.dtype == torch.float32 and got.shape == (4, dim)
+    step = (x.max(1).values - x.min(1).values) / 255 if bits == 8 else x.abs().max(1).values * 2 ** -10
+    err = (hf[halo] - x).abs()
+    assert bool((err <= step[:, None] * 1.01 + 1e-6).all())
+    assert torch.equal(got, hf[halo][[3, 0, 39, 3]])
+    with pytest.raises(ValueError, match="halo table of shape"):
+        compute.HaloFeatures(halo, table[:5], n, dim, bits)
 
 
 def test_halo_store_disk_maps_the_halo_features_from_an_unlinked_file():
@@ -564,7 +590,9 @@ def test_halo_store_disk_maps_the_halo_features_from_an_unlinked_file():
     feat = _Pulls(torch.randn(1000, dim))
     fake = SimpleNamespace(lg=SimpleNamespace(num_nodes=n), in_dim=dim, leader=True, chunk_bytes=16 * dim * 4,
                            halo=SimpleNamespace(local=halo, gid=nid[halo]),
-                           cfg=SimpleNamespace(pipeline=SimpleNamespace(engine="trainer", halo_store="disk")))
+                           ctx=SimpleNamespace(rank=0),
+                           cfg=SimpleNamespace(pipeline=SimpleNamespace(engine="trainer", halo_store="disk", halo_bits=32),
+                                               train=SimpleNamespace(seed=0)))
     x = LAMPPipeline._copy_halo(fake, feat)
     assert torch.equal(x[halo], feat.t[nid[halo]]) and fake.halo_path == ""
     with open("/proc/self/maps") as f:
@@ -884,9 +912,11 @@ def test_two_machine_lamp_link_run_ranks_held_out_edges_above_chance(roots, tmp_
 def test_two_machine_lamp_with_roots_from_histories_asks_no_owner(roots, tmp_path):
     """pipeline.roots=histories (the ablation of the owners' fresh answers): the remote top-hop
     roots are read from the machine's own quantized h^(L-1) table, kept and refreshed by the halo
-    sync; no LAMP ask crosses machines, only the halo sync. It still learns (0.36 measured in 2
-    epochs; chance 1/8). About 50 s alone."""
-    p = launch(tmp_path, "pipeline=lamp", "pipeline.roots=histories", "model.layers=3", "model.fanouts=[10,10,5]",
+    sync; no LAMP ask crosses machines, only the halo sync. With the halo nodes' features stored
+    at 8 bits too (pipeline.halo_bits=8, what memory-short machines use) it still learns (chance
+    1/8). About 50 s alone."""
+    p = launch(tmp_path, "pipeline=lamp", "pipeline.roots=histories", "pipeline.halo_bits=8", "model.layers=3",
+               "model.fanouts=[10,10,5]",
                "train.batch_size=100", "train.epochs=2", "pipeline.halo_sync_steps=3", *roots)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())

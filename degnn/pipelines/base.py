@@ -100,6 +100,10 @@ class Pipeline:
     def epoch_end(self) -> None:
         """After an epoch's last step (e.g. collect what runs in the background)."""
 
+    def training_done(self) -> None:
+        """No batch follows (the last epoch, or the time budget spent): before the final
+        evaluation, free what only training reads."""
+
     def rank_stats(self) -> dict:
         """This trainer's own numbers for `summary_extra` (gathered from every trainer)."""
         return {}

@@ -167,6 +167,8 @@ class EpochLoop:
         ctx.heartbeat.beat()
         # the wall-time budget; ranks measure slightly different times: rank 0 decides for all
         over = cfg.train.time_limit_s > 0 and broadcast_object(state["train_time_s"] >= cfg.train.time_limit_s)
+        if epoch == cfg.train.epochs or over:
+            p.training_done()
         if epoch % cfg.train.eval_every == 0 or epoch == cfg.train.epochs or over:
             self.trim("epoch")
             t_eval = time.time()

@@ -24,7 +24,7 @@ import torch
 
 from degnn.pipelines.lamp.graph import fusion_counts, unfold
 from degnn.pipelines.lamp.history import History, ages_summary
-from degnn.pipelines.lamp.quantize import QRows, dequantize, quantize
+from degnn.pipelines.lamp.quantize import QRows, check_bits, dequantize, quantize, row_bytes
 
 
 def _empty() -> torch.Tensor:
@@ -36,7 +36,8 @@ def _empty() -> torch.Tensor:
 class Setup:
     """An owner's set-up (to a graph server, from its machine's trainer). meta: dict(kind, in_dim,
     hidden, out_dim, layers, dropout, heads, fanouts, bits, seed, fusion, history_layers: the
-    history tables kept); halo_ids: local ids of halo nodes, halo_x: their input features;
+    history tables kept); halo_ids: local ids of halo nodes, halo_x: their input features (HaloFeatures' table
+    at meta halo_bits);
     boundary: local ids of own nodes that are halo nodes of other machines (the only own rows
     anyone reads from the histories); halo_path: where the trainer shares halo_x instead (a file
     its graph servers map, in the machine's /dev/shm or, with pipeline.halo_store=disk, on disk:
@@ -151,41 +152,72 @@ def unflat(cls, state):
 # --- the computation -------------------------------------------------------------------------
 class HaloFeatures:
     """The input features of a partition's halo nodes, stored for those nodes only and indexed by
-    local id like a full table (`halo_x[local_ids]`). A table sized to every node of the partition
-    would hold a dead zero row for each own node: on bench=scale's 4M graph that was 0.5 GB a
-    trainer (own nodes read their features from the KVStore's local partition instead). Only halo
-    ids may be looked up."""
+    local id like a full table (`halo_x[local_ids]`, float32 rows). A table sized to every node of
+    the partition would hold a dead zero row for each own node: on bench=scale's 4M graph that was
+    0.5 GB a trainer (own nodes read their features from the KVStore's local partition instead).
+    Only halo ids may be looked up.
 
-    def __init__(self, ids: torch.Tensor, x: torch.Tensor, num_nodes: int):
-        self.ids, self.x = ids.long(), x
+    `table`: uint8 [rows, row_bytes(dim, bits)], each row a quantized row packed as bytes (codes,
+    then scale and offset as float16: quantize.py); pipeline.halo_bits=32 (the default) keeps the
+    exact float32 features, 16 or 8 a half or about a quarter of their bytes (on the 4M graph's
+    machines 0.5 GB of halo features against 0.14 GB at 8 bits), at the price of rounding the
+    inputs of the bottom layer's halo leaves (stochastically: unbiased, like the histories)."""
+
+    def __init__(self, ids: torch.Tensor, table: torch.Tensor, num_nodes: int, dim: int, bits: int):
+        if table.dtype == torch.float32 and bits == 32:  # float rows as they are (their bytes)
+            table = table.contiguous().view(torch.uint8)
+        self.ids, self.table, self.dim, self.bits = ids.long(), table, dim, check_bits(bits)
+        if table.shape != (len(self.ids), row_bytes(dim, bits)) or table.dtype != torch.uint8:
+            raise ValueError(f"halo table of shape {tuple(table.shape)} ({table.dtype}) for {len(self.ids)} rows "
+                             f"of {dim} values at {bits} bits")
+        self.x = table.view(torch.float32) if bits == 32 else None  # float32: rows read as they are
         self.row = torch.full((num_nodes,), -1, dtype=torch.int64)
         self.row[self.ids] = torch.arange(len(self.ids))
 
+    def write(self, part: slice, x: torch.Tensor, generator: Optional[torch.Generator] = None) -> None:
+        """Rows `part` (positions among the halo nodes) from float rows `x`."""
+        if self.x is not None:
+            self.x[part] = x.float()
+            return
+        q = quantize(x, self.bits, generator=generator)
+        n = len(x)
+        self.table[part] = torch.cat([t.contiguous().view(torch.uint8).view(n, -1) for t in q if t.numel()], 1)
+
     def __getitem__(self, local_ids: torch.Tensor) -> torch.Tensor:
-        return self.x[self.row[local_ids]]
+        if self.x is not None:
+            return self.x[self.row[local_ids]]
+        b = self.table[self.row[local_ids]]
+        if self.bits == 16:
+            return b.view(torch.float16).float()
+        c = row_bytes(self.dim, self.bits) - 4
+        half = lambda t: t.contiguous().view(torch.float16).flatten()
+        return dequantize(QRows(b[:, :c].contiguous(), half(b[:, c:c + 2]), half(b[:, c + 2:])), self.bits, self.dim)
 
 
-def halo_table(rows: int, dim: int, where: Optional[str]) -> Tuple[torch.Tensor, str]:
-    """An uninitialised float32 table for `rows` halo nodes' features, and its path. where: a
+def halo_table(rows: int, dim: int, bits: int, where: Optional[str]) -> Tuple[torch.Tensor, str]:
+    """An uninitialised table for `rows` halo nodes' features at `bits` (HaloFeatures' layout), and
+    its path. where: a
     directory for a file the table maps (shared with the processes that map it too,
     `map_halo_table`): /dev/shm for the machine's graph servers with engine=server (the machine
     then holds one copy, not one per process: 0.5 GB on bench=scale's 4M graph), a disk directory
     for pipeline.halo_store=disk (pages the kernel may drop under memory pressure and re-read);
     None: in this process's memory, path ''. The caller unlinks the file once it is mapped
     everywhere (the mappings keep it)."""
+    width = row_bytes(dim, bits)
     if where is None or rows * dim == 0:
-        return torch.empty(rows, dim), ""
+        return torch.empty(rows, width, dtype=torch.uint8), ""
     fd, path = tempfile.mkstemp(prefix="degnn-lamp-halo-", dir=where)
     try:
-        os.ftruncate(fd, rows * dim * 4)
+        os.ftruncate(fd, rows * width)
     finally:
         os.close(fd)
-    return map_halo_table(path, rows, dim), path
+    return map_halo_table(path, rows, dim, bits), path
 
 
-def map_halo_table(path: str, rows: int, dim: int) -> torch.Tensor:
+def map_halo_table(path: str, rows: int, dim: int, bits: int) -> torch.Tensor:
     """The halo table a trainer shared at `path` (halo_table), mapped, not copied."""
-    return torch.from_file(path, shared=True, size=rows * dim, dtype=torch.float32).view(rows, dim)
+    width = row_bytes(dim, bits)
+    return torch.from_file(path, shared=True, size=rows * width, dtype=torch.uint8).view(rows, width)
 
 
 def owned_local_ids(pb, gids: torch.Tensor, what: str) -> torch.Tensor:
@@ -277,12 +309,17 @@ class Owner:
         # h^(1..L-2): the layers read as leaves (the top hidden layer, h^(L-1), is prepared fresh
         # by the owners, so its history is kept only with pipeline.roots=histories)
         history = History(lg.num_nodes, m["hidden"], m["history_layers"], m["bits"])
-        x = (map_halo_table(setup.halo_path, len(setup.halo_ids), m["in_dim"]) if setup.halo_path
-             else setup.halo_x.float())
-        halo_x = HaloFeatures(setup.halo_ids, x, lg.num_nodes)
+        bits = int(m.get("halo_bits", 32))
+        x = (map_halo_table(setup.halo_path, len(setup.halo_ids), m["in_dim"], bits) if setup.halo_path
+             else setup.halo_x)
+        halo_x = HaloFeatures(setup.halo_ids, x, lg.num_nodes, m["in_dim"], bits)
         boundary = torch.zeros(lg.num_nodes, dtype=torch.bool)
         boundary[setup.boundary.long()] = True
         return cls(lg, feat, halo_x, boundary, model, dict(m), history)
+
+    def release(self) -> None:
+        """Drop the histories and halo features (training is over; any later ask fails loudly)."""
+        self.history = self.halo_x = None
 
     def check_weights(self) -> None:
         if self.version < 0:

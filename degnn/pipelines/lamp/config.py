@@ -50,3 +50,7 @@ class LAMPConfig(PipelineConfig):
     # kernel keeps the rows it reads in the page cache and may drop them when the machine is short
     # of memory, re-reading them from disk; for machines smaller than what LAMP keeps)
     halo_store: str = "memory"
+    # the halo nodes' features as stored: 32 (float32, exact), 16 (float16) or 8 (per-row 8-bit
+    # codes, stochastically rounded like the histories: about a quarter of the bytes, for machines
+    # short of memory; only the bottom layer's halo leaves read them)
+    halo_bits: int = 32

@@ -93,6 +93,10 @@ class Owners:
         """This machine's histories at setup (waits)."""
         raise NotImplementedError
 
+    def release(self) -> None:
+        """Training is over: free the histories and halo features held in this process (the
+        graph servers' owners, engine=server, keep theirs until they stop)."""
+
     def ship_weights(self, w: Weights, wait: bool) -> None:
         """The weights this machine's owners compute with from now on."""
         raise NotImplementedError
@@ -155,7 +159,7 @@ def make_owners(engine: str, ctx, lg, feat, halo_x, boundary, model, meta: dict,
     from degnn.pipelines.lamp.compute import Setup
     from degnn.pipelines.lamp.service import ServerOwners
 
-    setup = Setup(meta, halo_x.ids, torch.empty(0) if halo_path else halo_x.x, torch.nonzero(boundary).flatten(),
+    setup = Setup(meta, halo_x.ids, torch.empty(0) if halo_path else halo_x.table, torch.nonzero(boundary).flatten(),
                   halo_path)
     return ServerOwners(ctx.counter, ctx.graph.get_partition_book().partid, setup if leader else None)
 
@@ -273,6 +277,11 @@ class TrainerOwners(Owners):
     def init_history(self, rows: List[HistoryRows]) -> None:
         for r in rows:
             self.owner.store(r)
+
+    def release(self) -> None:
+        if self.owner is not None:
+            with self.lock:
+                self.owner.release()
 
     def ship_weights(self, w: Weights, wait: bool) -> None:
         """An in-process copy, loaded at the start of the next round (the replica never changes

@@ -67,6 +67,9 @@ class LampNet(nn.Module):
 
 def check_lamp_config(pcfg, model_cfg) -> None:
     check_bits(int(pcfg.bits))
+    if int(pcfg.halo_bits) not in (32, 16, 8):
+        raise ValueError(f"pipeline.halo_bits={pcfg.halo_bits}: choose 32 (the halo nodes' features exact), 16 or 8 "
+                         f"(rounded, for machines short of memory)")
     if pcfg.engine not in ENGINES:
         raise ValueError(f"pipeline.engine={pcfg.engine}: choose server (the owners' preparation runs in DGL's graph "
                          f"servers) or trainer (in each machine's trainer process, over torch.distributed)")
@@ -240,14 +243,17 @@ class LAMPPipeline(Pipeline):
         pcfg = self.cfg.pipeline
         shared = self.leader and pcfg.engine == "server"
         where = tempfile.gettempdir() if pcfg.halo_store == "disk" else ("/dev/shm" if shared else None)
-        x, path = halo_table(len(self.halo.gid), self.in_dim, where)
+        bits = int(pcfg.halo_bits)
+        table, path = halo_table(len(self.halo.gid), self.in_dim, bits, where)
+        x = HaloFeatures(self.halo.local, table, self.lg.num_nodes, self.in_dim, bits)
+        gen = torch.Generator().manual_seed(int(self.cfg.train.seed) + self.ctx.rank)  # stochastic rounding
         for part in chunks(len(self.halo.gid), self.in_dim * 4, self.chunk_bytes):
-            x[part] = feat[self.halo.gid[part]].float()
+            x.write(part, feat[self.halo.gid[part]].float(), gen)
         # the servers map the file by its path; unshared, the mapping alone keeps it
         self.halo_path = path if shared else ""
         if path and not shared:
             os.unlink(path)
-        return HaloFeatures(self.halo.local, x, self.lg.num_nodes)
+        return x
 
     def _boundary(self) -> torch.Tensor:
         """Own nodes that other machines hold as halo nodes: the only own history rows anyone
@@ -278,7 +284,7 @@ class LAMPPipeline(Pipeline):
         meta = dict(kind=cfg.model.name, in_dim=self.in_dim, hidden=cfg.model.hidden, out_dim=self.out_dim,
                     layers=self.L, dropout=float(cfg.model.dropout), heads=cfg.model.heads,
                     fanouts=self.fanouts, bits=self.bits, seed=int(cfg.train.seed) + self.me, fusion=self.fused,
-                    history_layers=self.tables)
+                    history_layers=self.tables, halo_bits=int(cfg.pipeline.halo_bits))
         try:
             self.owners = make_owners(cfg.pipeline.engine, self.ctx, self.lg, self.local_feat, self.halo_x,
                                       self.boundary, self.gnn, meta, self.leader, self.halo_path)
@@ -526,6 +532,12 @@ class LAMPPipeline(Pipeline):
         self._store_sync(self.owners.halo_answers())
         self._collect_owner_grads()
         self.owners.drain()
+
+    def training_done(self) -> None:
+        """The histories and the halo features serve training only: on a machine near its memory
+        limit the final evaluation needs their room (its tables are one row per node a layer)."""
+        self.owners.release()
+        self.halo_x = None
 
     def evaluate(self) -> Tuple[float, float]:
         return self.evaluator()
