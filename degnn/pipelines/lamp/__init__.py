@@ -56,7 +56,10 @@ Histories are initialised with one layer-wise inference pass through the history
 evaluator's whole-graph pass, `DistEvaluator.inference(layers)`, computes those layers' outputs
 for every node; a 2-layer model has no history and skips it). Evaluation is the evaluator's, as
 for distdgl. The halo nodes' features are copied once at set-up, into memory or, with
-`pipeline.halo_store=disk`, into a memory-mapped file the kernel may page out.
+`pipeline.halo_store=disk`, into a memory-mapped file the kernel may page out; with
+`pipeline.halo_bits=8` (or 16) they are stored rounded (per-row 8-bit codes, stochastic rounding
+as for the histories), a quarter of the bytes. Histories and halo features serve training only:
+they are freed before the final evaluation (`training_done`).
 
 Choices where the paper is silent (docs/background.md, "LAMP (DEGNN)"), and why:
 * Histories keep h^(1..L-2) only (GAS keeps L-1 tables): a remote node's h^(L-1) is always
