@@ -53,10 +53,12 @@ def provenance(records: List[dict]) -> str:
     if None in cpus:
         budget += ("; " if budget else "") + "some clusters without a CPU budget (a machine may use every core)"
     # the order the records say the suites ran in, repeat by repeat
+    # (over the suites every repeat ran: a suite of fewer repeats says nothing of the order)
     runs_in = defaultdict(set)
     for r in records:
         runs_in[r.get("repeat", 0)].add((r.get("order", 0), r["suite"]))
-    orders = {tuple(name for _, name in sorted(v)) for v in runs_in.values()}
+    common = set.intersection(*({name for _, name in v} for v in runs_in.values()))
+    orders = {tuple(name for _, name in sorted(v) if name in common) for v in runs_in.values()}
     if repeats == 1:
         order = "one repeat, one order"
     elif len(orders) > 1:

@@ -18,13 +18,15 @@ One file per part:
 - lamp.py: bench=lamp (lamp beside distdgl, its ablations); owners.py: what the owners add
 - breakdown.py: where a batch's time goes
 - plots.py: every figure, in one colour per method
-- degnn.bench.scale and degnn.bench.projection: the growth and projection sections
+- degnn.bench.scale, degnn.bench.projection and degnn.bench.compute_speed: the growth, projection
+  and GPU compute-speed sections
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import List, Optional
 
+from ..compute_speed import compute_section
 from ..projection import projection_section
 from ..scale import scale_section
 from .breakdown import breakdown_section
@@ -73,6 +75,7 @@ def tables(runs: List[dict], out: Optional[Path] = None) -> List[str]:
     if out is not None:
         lines += _figure(None, "time per batch by phase", plot_breakdown(runs, out / "time_breakdown.png"))
     lines += projection_section(runs, out)
+    lines += compute_section(runs)
     return lines
 
 

@@ -1,0 +1,103 @@
+"""degnn.bench.compute_speed: the plain-torch stand-in computes degnn's own SAGE model, runs where
+neither DGL nor degnn can be imported, and its measurements become records and RESULTS.md's table."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import dgl
+import pytest
+import torch
+
+from degnn.bench import compute_speed as cs
+from degnn.bench.records import as_run, read_records
+from degnn.models import GNN
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def batches(tmp_path_factory):
+    """Two sampled 2-layer batches of synthetic-tiny (built offline into a fresh data root)."""
+    root = tmp_path_factory.mktemp("compute")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DEGNN_DATA", str(root / "data"))
+    try:
+        path = root / "tiny.pt"
+        meta = cs.sample(str(path), "synthetic-tiny", [5, 4], batch_size=64, batches=2, hidden=16, dropout=0.5, seed=0)
+    finally:
+        mp.undo()
+    return path, meta
+
+
+def test_sampled_blocks_are_a_trainers_batches(batches):
+    _, meta = batches
+    assert len(meta["batches"]) == 2 and meta["fanouts"] == [5, 4]
+    for b in meta["batches"]:
+        assert b["num_dst"][-1] == 64  # the seeds
+        for s, d, ns, nd, e in zip(b["src"], b["dst"], b["num_src"], b["num_dst"], b["edges"]):
+            assert len(s) == len(d) == e > 0
+            assert int(s.max()) < ns and int(d.max()) < nd
+        # a layer's destinations are the next layer's sources (DGL's block chain)
+        assert b["num_dst"][0] == b["num_src"][1]
+
+
+def test_stand_in_computes_degnns_sage_model(batches):
+    """Same weights, same blocks: the plain-torch layers give dgl.nn.SAGEConv's outputs, and its
+    gradients flow through the sparse mean (the backward uses the transposed matrix). The hidden
+    layer is wider than the input, so the first layer aggregates before it projects and the
+    second projects first: both of SAGEConv's orders."""
+    _, meta = batches
+    torch.manual_seed(0)
+    hidden = 2 * meta["in_dim"]
+    assert meta["num_classes"] < hidden
+    ref = GNN("sage", meta["in_dim"], hidden, meta["num_classes"], 2, dropout=0.0)
+    plain = cs.PlainSage(meta["in_dim"], hidden, meta["num_classes"], 2, dropout=0.0)
+    assert [layer.project_first for layer in plain.layers] == [False, True]
+    plain.load_state_dict(ref.state_dict())  # same parameter names
+    b = meta["batches"][0]
+    x = torch.randn(b["num_src"][0], meta["in_dim"], requires_grad=True)
+    blocks = [dgl.create_block((s.long(), d.long()), num_src_nodes=ns, num_dst_nodes=nd)
+              for s, d, ns, nd in zip(b["src"], b["dst"], b["num_src"], b["num_dst"])]
+    adjs = [cs.mean_csr(s, d, ns, nd, torch.device("cpu")) for s, d, ns, nd in zip(b["src"], b["dst"], b["num_src"], b["num_dst"])]
+    want = ref(blocks, x)
+    got = plain(adjs, x)
+    assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
+    gx_want = torch.autograd.grad(want.square().sum(), x)[0]
+    gx_got = torch.autograd.grad(got.square().sum(), x)[0]
+    assert torch.allclose(gx_got, gx_want, atol=1e-4, rtol=1e-3)
+
+
+def test_time_runs_without_dgl_or_degnn_and_records_render(batches, tmp_path):
+    path, _ = batches
+    rep = tmp_path / "r0"
+    rep.mkdir()
+    # the GPU machine's side: this file alone, with dgl and degnn unimportable
+    code = ("import runpy, sys; sys.modules['dgl'] = None; sys.modules['degnn'] = None; "
+            f"sys.argv = ['compute_speed.py', 'time', {str(path)!r}, '--rounds', '1', '--out', {str(rep / 'torch.json')!r}]; "
+            f"runpy.run_path({str(REPO / 'degnn/bench/compute_speed.py')!r}, run_name='__main__')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    plain = json.loads((rep / "torch.json").read_text())
+    assert plain["implementation"] == "torch" and plain["device"] == "cpu" and plain["steps"] == 2
+    assert 0 < plain["step_ms_min"] <= plain["step_ms_median"] <= plain["step_ms_max"]
+    assert plain["rel_error_vs_float64"] < 1e-5
+    # this host's side: degnn's DGL model over the same batches
+    assert cs.main(["dgl", str(path), "--rounds", "1", "--out", str(rep / "dgl.json")]) == 0
+    records = tmp_path / "records"
+    cs.record([str(rep)], str(records))
+    recs = read_records(records)
+    assert {r["suite"] for r in recs} == {"synthetic-tiny-b64-torch-cpu-t1", "synthetic-tiny-b64-dgl-cpu-t1"}
+    assert all(r["bench"] == "compute" and r["summary"]["status"] == "ok" for r in recs)
+    lines = cs.compute_section([as_run(r) for r in recs])
+    table = [line for line in lines if line.startswith("| synthetic-tiny")]
+    assert len(table) == 2
+    dgl_row = next(line for line in table if "dgl.nn.SAGEConv" in line)
+    assert dgl_row.rstrip().endswith("| 1.00x |")  # the axis' 1x is this host's core on degnn's model
+
+
+def test_record_refuses_an_empty_folder(tmp_path):
+    with pytest.raises(SystemExit, match="no \\*.json"):
+        cs.record([str(tmp_path)], str(tmp_path / "records"))
