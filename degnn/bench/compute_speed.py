@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import re
 import statistics
 import sys
 import time
@@ -286,9 +287,11 @@ def time_dgl(path: str, rounds: int, seed: int) -> dict:
 
 
 def suite_name(r: dict) -> str:
-    """`wordnet-b1024-dgl-cpu-t1`: the dataset, batch, implementation, device (threads on a CPU)."""
+    """`wordnet-b1024-dgl-cpu-t1-amd-epyc`: the dataset, batch, implementation, device (threads on a
+    CPU) and the device's name (this host's core and the GPU machine's are two settings)."""
     where = f"{r['device']}-t{r['threads']}" if r["device"] == "cpu" else r["device"]
-    return f"{r['dataset']}-b{r['batch_size']}-{r['implementation']}-{where}"
+    name = "-".join(re.findall(r"[a-z0-9]+", r["device_name"].lower()))
+    return f"{r['dataset']}-b{r['batch_size']}-{r['implementation']}-{where}-{name}"
 
 
 def record(folders: List[str], records_dir: str) -> Path:
