@@ -425,7 +425,7 @@ def test_a_trainer_killed_mid_run_does_not_stop_training(tmp_path, victim):
     machines = 3
     inject = [] if victim == 2 else [f"pipeline.kill_rank={victim}", "pipeline.kill_at_s=6",
                                      "pipeline.kill_during=eval"]
-    p = subprocess.Popen([PY, *BASE, f"cluster.machines={machines}", "pipeline.time_limit_s=20",
+    p = subprocess.Popen([PY, *BASE, f"cluster.machines={machines}", "pipeline.time_limit_s=12",
                           "pipeline.sync_every_s=4", "pipeline.round_timeout_s=3", "pipeline.evaluator_timeout_s=6",
                           *inject, f"hydra.run.dir={run_dir}"], cwd=REPO, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
@@ -441,7 +441,7 @@ def test_a_trainer_killed_mid_run_does_not_stop_training(tmp_path, victim):
     assert f"trainer rank {victim} (machine {victim}){pid}" in err and "was killed by SIGKILL" in err
     assert "go on without it" in err
     s = _summary(run_dir)
-    assert s["status"] == "ok" and s["rounds"] == 5
+    assert s["status"] == "ok" and s["rounds"] == 3
     assert s["trainers_alive"] == machines - 1 and s["trainers_died"] == [victim]
     assert s["trainers_dead_ranks"] == [victim] and victim not in s["trainers_alive_ranks"]
     if victim == 0:
@@ -451,7 +451,7 @@ def test_a_trainer_killed_mid_run_does_not_stop_training(tmp_path, victim):
         assert "round 2: taking over evaluation from rank 0" in logs
         assert "evaluator rank 0 silent" in logs
     curve = read_curve(run_dir)
-    assert [c["round"] for c in curve] == [1, 2, 3, 4, 5]  # every round evaluated exactly once
+    assert [c["round"] for c in curve] == [1, 2, 3]  # every round evaluated exactly once
     assert curve[0]["trainers"] == list(range(machines))
     assert curve[-1]["trainers"] == [r for r in range(machines) if r != victim]
     if victim == 0:  # it had submitted round 2 before it died evaluating it
