@@ -103,3 +103,8 @@ def test_time_runs_without_dgl_or_degnn_and_records_render(batches, tmp_path):
 def test_record_refuses_an_empty_folder(tmp_path):
     with pytest.raises(SystemExit, match="no \\*.json"):
         cs.record([str(tmp_path)], str(tmp_path / "records"))
+
+
+def test_a_missing_batch_file_is_named_with_the_command_that_makes_it(tmp_path):
+    with pytest.raises(SystemExit, match="no such batch file; make one with"):
+        cs.main(["time", str(tmp_path / "none.pt"), "--out", str(tmp_path / "x.json")])

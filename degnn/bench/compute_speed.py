@@ -180,7 +180,9 @@ def result(kind: str, device: torch.device, threads: int, meta: dict, times: Lis
 
 
 def load_batches(path: str) -> dict:
-    meta = torch.load(path, weights_only=False)
+    if not Path(path).is_file():
+        raise SystemExit(f"{path}: no such batch file; make one with `python -m degnn.bench.compute_speed sample {path}`")
+    meta = torch.load(path, weights_only=False)  # our own file: lists of tensors and sizes
     if meta.get("format") != FORMAT:
         raise SystemExit(f"{path}: not a batch file of this version (format {meta.get('format')}, "
                          f"expected {FORMAT}); sample it again with `python -m degnn.bench.compute_speed sample`")
