@@ -117,7 +117,7 @@ def test_records_make_the_lamp_tables_with_medians_ranges_and_time_from_launch(t
     assert ("| accuracy-L3 | wordnet | 3 | 8 | 0.5900 (compared runs) | 22.0 (20.0–24.0) | 6.0 (5.0–7.0) | **3.67x** | "
             "24.0 (22.0–26.0) | 16.0 (15.0–17.0) | **1.50x** | 3 / 3 |") in text
     # how far the repeats of a setting agree: (12 - 10) / 11
-    assert "| accuracy-L3-distdgl | distdgl wordnet L3 M4 1gbit | 3 | 11.00 (10.00–12.00) | 18% |" in text
+    assert "| accuracy-L3-distdgl | distdgl wordnet L3 M4 1gbit 0.45 CPUs | 3 | 11.00 (10.00–12.00) | 18% |" in text
     assert "## Benches without current records" in text and "- `bench=tma`" in text
 
 

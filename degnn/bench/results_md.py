@@ -90,7 +90,9 @@ def repeat_spread(records: List[dict]) -> List[str]:
         if s is None or s.n < 2:
             continue
         run = as_run(group[0])
-        rows.append(f"| {group[0]['suite']} | {report.label(run)} | {s.n} | {cell(s)} | "
+        cpus = run.get("cpus_per_machine")  # two budgets of one run label are two settings
+        name = report.label(run) + (f" {cpus:g} CPUs" if cpus else "")
+        rows.append(f"| {group[0]['suite']} | {name} | {s.n} | {cell(s)} | "
                     f"{'–' if s.rel_range() is None else format(100 * s.rel_range(), '.0f') + '%'} |")
     if not rows:
         return []
