@@ -90,8 +90,11 @@ def repeat_spread(records: List[dict]) -> List[str]:
         if s is None or s.n < 2:
             continue
         run = as_run(group[0])
-        cpus = run.get("cpus_per_machine")  # two budgets of one run label are two settings
+        # a run label's CPU budgets, and distdgl's two loops, are settings of their own
+        cpus, prefetch = run.get("cpus_per_machine"), run.get("prefetch")
         name = report.label(run) + (f" {cpus:g} CPUs" if cpus else "")
+        if run.get("pipeline") == "distdgl" and prefetch is not None:
+            name += f" prefetch {prefetch}"
         rows.append(f"| {group[0]['suite']} | {name} | {s.n} | {cell(s)} | "
                     f"{'–' if s.rel_range() is None else format(100 * s.rel_range(), '.0f') + '%'} |")
     if not rows:
