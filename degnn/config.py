@@ -89,6 +89,9 @@ class TrainConfig:
     # stop after the epoch during which training time (evaluation excluded) reached this many
     # seconds (0 = no limit): a wall-time budget like pipeline=tma's time_limit_s, for benchmarks
     time_limit_s: float = 0.0
+    # stop after the first evaluation whose validation metric reaches this value (null = never):
+    # time-to-accuracy runs; the benches set it from a converged baseline (bench=target)
+    target_val: Optional[float] = None
     # where the trainers' models and batches live: cpu (tested), or cuda[:N] (needs CUDA builds
     # of PyTorch and DGL; untested)
     device: str = "cpu"
@@ -205,6 +208,11 @@ class SuiteConfig:
     # run in only the first this-many of the bench's repeats (null: all); e.g. 1 for the long
     # converged baseline run that only sets a time-to-target comparison's target
     repeats: Optional[int] = None
+    # a time-to-target suite: the name of an earlier suite of the bench (distdgl trained until
+    # patience stopped it) whose runs of the same dataset set this suite's train.target_val (their
+    # median best validation minus bench.target_margin) and its epoch cap (their most epochs); the
+    # suite then runs once per dataset (degnn/bench/__main__.py, targets)
+    target_from: Optional[str] = None
 
 
 @dataclass
@@ -219,6 +227,8 @@ class BenchConfig:
     cpus_per_machine: Optional[float] = 0.45
     # run only these suites (by name, e.g. bench.only=[ablation-owners-distdgl]); empty = all
     only: List[str] = field(default_factory=list)
+    # a time-to-target suite's target: the converged baseline's best validation minus this
+    target_margin: float = 0.01
 
 
 @dataclass

@@ -3,7 +3,8 @@
 Each suite is a Hydra multirun of `degnn.launch` (one cluster per job) or of
 `degnn.bench.single_process` (the accuracy reference), with its sweep directory inside the results
 folder. The suite list runs `bench.repeats` times, every other repeat in reverse order, every
-launch suite on netns machines of `bench.cpus_per_machine` CPUs. Afterwards every summary.json
+launch suite on netns machines of `bench.cpus_per_machine` CPUs. A time-to-target suite
+(`target_from`) runs once per dataset, stopping at the target its converged baseline set. Afterwards every summary.json
 there goes into report.md and the PNG plots, and one record per run into the committed records
 (degnn.bench.records), from which `python -m degnn.bench.results_md` writes benchmarks/RESULTS.md.
 """
@@ -71,6 +72,47 @@ def suite_overrides(bench, suite) -> List[str]:
     return [*suite.overrides, *extra]
 
 
+class TargetError(RuntimeError):
+    """A time-to-target suite without its converged baseline's runs."""
+
+
+def targets(out: Path, bench, suite) -> Dict[str, Tuple[float, int]]:
+    """A time-to-target suite's target and epoch cap per dataset, from the runs of the suite it
+    names (`target_from`, this invocation's, every repeat): the median best validation minus
+    `bench.target_margin`, and the most epochs one of them trained (the compared runs get as many
+    epochs as the baseline needed to converge, so one that never reaches the target still ends)."""
+    import json
+    import statistics
+
+    found: Dict[str, List[dict]] = {}
+    for path in sorted((out / suite.target_from).rglob("summary.json")):
+        s = json.loads(path.read_text())
+        if s.get("status") == "ok" and s.get("best_val") is not None:
+            found.setdefault(s["dataset"], []).append(s)
+    if not found:
+        raise TargetError(f"suite {suite.name} takes its target from suite {suite.target_from}, which has no "
+                          f"finished run in {out}: run it first (bench.only must name both)")
+    return {ds: (round(statistics.median(s["best_val"] for s in ss) - bench.target_margin, 4),
+                 max(int(s["epochs"]) for s in ss)) for ds, ss in found.items()}
+
+
+def jobs(out: Path, bench, suite) -> List[Tuple[List[str], str]]:
+    """The multiruns of a suite: (overrides, sweep subdir). A time-to-target suite runs once per
+    dataset, with that dataset's target and epoch cap; any other suite is one multirun."""
+    overrides = suite_overrides(bench, suite)
+    if not suite.target_from:
+        return [(overrides, "${hydra.job.num}")]
+    per_dataset = targets(out, bench, suite)
+    names = [o.split("=", 1)[1].split(",") for o in overrides if o.startswith("dataset=")]
+    missing = [ds for ds in (names[0] if names else []) if ds not in per_dataset]
+    if not names or missing:
+        raise TargetError(f"suite {suite.name}: no converged run of {', '.join(missing) or 'its dataset'} "
+                          f"in suite {suite.target_from}")
+    rest = [o for o in overrides if not o.startswith(("dataset=", "train.epochs="))]
+    return [([f"dataset={ds}", *rest, f"train.target_val={per_dataset[ds][0]}", f"train.epochs={per_dataset[ds][1]}"],
+             f"{ds}-${{hydra.job.num}}") for ds in names[0]]
+
+
 def sweep_dir(out: Path, bench, suite, rep: int) -> Path:
     return out / suite.name / f"r{rep}" if bench.repeats > 1 else out / suite.name
 
@@ -92,11 +134,19 @@ def main(cfg: DictConfig) -> None:
                       f"(put the OGB files under dataset.root, default data/)", flush=True)
                 continue
             orders[(suite.name, rep)] = pos
-            cmd = [sys.executable, "-m", suite.module, "-m", *suite_overrides(cfg.bench, suite),
-                   f"hydra.sweep.dir={sweep_dir(out, cfg.bench, suite, rep)}", "hydra.sweep.subdir=${hydra.job.num}"]
-            print(f"bench {cfg.bench.name}: repeat {rep + 1}/{cfg.bench.repeats}, suite {suite.name}: "
-                  f"{' '.join(cmd[1:])}", flush=True)
-            rc = subprocess.run(cmd, cwd=out.parent).returncode
+            try:
+                multiruns = jobs(out, cfg.bench, suite)
+            except TargetError as e:
+                print(f"bench: {e}", file=sys.stderr, flush=True)
+                failed.append(f"{suite.name} (repeat {rep + 1})")
+                continue
+            rc = 0
+            for overrides, subdir in multiruns:
+                cmd = [sys.executable, "-m", suite.module, "-m", *overrides,
+                       f"hydra.sweep.dir={sweep_dir(out, cfg.bench, suite, rep)}", f"hydra.sweep.subdir={subdir}"]
+                print(f"bench {cfg.bench.name}: repeat {rep + 1}/{cfg.bench.repeats}, suite {suite.name}: "
+                      f"{' '.join(cmd[1:])}", flush=True)
+                rc = subprocess.run(cmd, cwd=out.parent).returncode or rc
             if rc != 0:
                 failed.append(f"{suite.name} (repeat {rep + 1})")
                 print(f"bench: suite {suite.name} failed (exit {rc}); its runs are reported as far as they got",

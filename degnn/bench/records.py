@@ -29,7 +29,7 @@ RECORDS_DIR = Path("benchmarks") / "records"
 MAX_VALUE_CHARS = 600
 # the setting of a run besides its overrides: what the record keeps of the run's config.yaml
 CONFIG_KEYS = {"model": ("name", "layers", "hidden", "fanouts"),
-               "train": ("batch_size", "lr", "epochs", "patience", "time_limit_s", "seed"),
+               "train": ("batch_size", "lr", "epochs", "patience", "time_limit_s", "target_val", "seed"),
                "cluster": ("kind", "machines", "trainers_per_machine", "bandwidth", "cpus_per_machine",
                            "memory_per_machine"),
                "partition": ("method", "num_parts", "seed")}
@@ -163,9 +163,17 @@ def setting(r: dict) -> tuple:
     """What defines a run apart from when it ran and its repeat: bench, suite and the job's
     overrides (the settings the report groups by follow from them at one commit)."""
     if r.get("overrides"):
-        return (r["bench"], r["suite"], tuple(r["overrides"]))
+        return (r["bench"], r["suite"], tuple(o for o in r["overrides"] if not derived(o, r["overrides"])))
     parts = r["run"].split("/")
     return (r["bench"], r["suite"], "/".join(p for p in parts if not _REPEAT.match(p)))
+
+
+def derived(override: str, overrides: List[str]) -> bool:
+    """Whether an override was set by the bench from another suite's runs (a time-to-target
+    suite's target and epoch cap: degnn/bench/__main__.py, targets) rather than by the suite."""
+    if not any(o.startswith("train.target_val=") for o in overrides):
+        return False
+    return override.startswith(("train.target_val=", "train.epochs="))
 
 
 def current(records: Iterable[dict]) -> List[dict]:

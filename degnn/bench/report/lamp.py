@@ -94,10 +94,14 @@ def lamp_section(runs: List[dict]) -> List[str]:
         dist = [d for d in dist if d.get("best_val") is not None and len([r for r in d["_curve"] if "val" in r]) >= 2]
         if not dist:
             continue
-        # the target: the best of distdgl's own converged run (suite `<group>-converged`) where the
-        # bench has one, else of the compared distdgl runs
-        conv = [d for d in base.get((f"{key[0]}-converged",) + key[1:3], []) if d.get("best_val") is not None]
-        target = median(d["best_val"] for d in (conv or dist)) - 0.01
+        # the target: the one the runs stopped at (train.target_val, set by the bench from
+        # distdgl's converged run), else the best of distdgl's own converged run (suite
+        # `<group>-converged`) where the bench has one, else of the compared distdgl runs
+        conv = [d for g, runs in base.items() if g[1:] == key[1:3]
+                and (g[0] == f"{key[0]}-converged" or g[0] == "converged") for d in runs if d.get("best_val") is not None]
+        stopped_at = {train_setting(r, "target_val") for r in lamp + dist} - {None}
+        target = (stopped_at.pop() if len(stopped_at) == 1
+                  else median(d["best_val"] for d in (conv or dist)) - 0.01)
         cols = []
         for clock in (time_to_target, time_from_launch):
             td, tl = spread(clock(d, target) for d in dist), spread(clock(s, target) for s in lamp)
