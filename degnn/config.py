@@ -79,6 +79,10 @@ class TrainConfig:
     eval_hidden_dtype: str = "float32"
     # stop after this many evaluations without a better validation metric (0 = never)
     patience: int = 0
+    # an evaluation resets the patience count only when it beats the last one that did by more
+    # than this (0 = any better one): with a slow climb (a tenth of a point an epoch for tens of
+    # epochs) patience alone runs to the epoch cap
+    min_delta: float = 0.0
     # keep a resumable checkpoint every N epochs
     checkpoint_every: int = 1
     # rank 0 trains its epochs under cProfile and writes <run dir>/profile_rank0.txt

@@ -72,7 +72,7 @@ def test_report_writes_every_runs_summary_as_one_csv(tmp_path):
     assert "epoch_times_s" not in dist and "trainers_dead_ranks" not in tma  # lists stay in summary.json
 
 
-@pytest.mark.parametrize("bench", ["default", "quick", "ogb", "parity"])
+@pytest.mark.parametrize("bench", ["default", "quick", "ogb", "parity", "target"])
 def test_bench_configs_compose(bench):
     register_configs()
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
@@ -85,6 +85,37 @@ def test_bench_configs_compose(bench):
                      for o in suite.overrides]
             job = compose("config", overrides=first)
             assert len(job.model.fanouts) == job.model.layers, suite.name
+
+
+def test_a_time_to_target_suite_runs_per_dataset_at_its_converged_baselines_target(tmp_path):
+    from omegaconf import OmegaConf
+
+    from degnn.bench.__main__ import TargetError, jobs
+    from degnn.bench.records import setting
+    from degnn.config import BenchConfig, SuiteConfig
+
+    conv = SuiteConfig(name="conv", overrides=["dataset=wordnet,debian", "train.epochs=40", "train.patience=3"])
+    fast = SuiteConfig(name="fast", target_from="conv", overrides=["dataset=wordnet,debian", "pipeline=lamp"])
+    bench = OmegaConf.structured(BenchConfig(name="b", suites=[conv, fast], cpus_per_machine=None))
+    fast = bench.suites[1]
+    with pytest.raises(TargetError, match="suite conv, which has no finished run"):
+        jobs(tmp_path, bench, fast)
+    for i, (ds, best, epochs) in enumerate([("wordnet", 0.70, 21), ("wordnet", 0.72, 25), ("debian", 0.80, 17)]):
+        (tmp_path / "conv" / f"r{i}" / "0").mkdir(parents=True)
+        (tmp_path / "conv" / f"r{i}" / "0" / "summary.json").write_text(json.dumps(
+            {"status": "ok", "dataset": ds, "best_val": best, "epochs": epochs}))
+    runs = jobs(tmp_path, bench, fast)
+    assert [sub for _, sub in runs] == ["wordnet-${hydra.job.num}", "debian-${hydra.job.num}"]
+    assert runs[0][0] == ["dataset=wordnet", "pipeline=lamp", "train.target_val=0.7", "train.epochs=25"]
+    assert runs[1][0][-2:] == ["train.target_val=0.79", "train.epochs=17"]
+    assert jobs(tmp_path, bench, bench.suites[0]) == [(list(conv.overrides), "${hydra.job.num}")]
+    # a later invocation's other target is the same setting (it supersedes the older records)
+    rec = {"bench": "b", "suite": "fast", "overrides": runs[0][0]}
+    other = dict(rec, overrides=runs[0][0][:2] + ["train.target_val=0.71", "train.epochs=30"])
+    assert setting(rec) == setting(other) != setting(dict(rec, overrides=["dataset=debian", "pipeline=lamp"]))
+    fast.overrides = ["dataset=wordnet,cora", "pipeline=lamp"]
+    with pytest.raises(TargetError, match="no converged run of cora"):
+        jobs(tmp_path, bench, fast)
 
 
 def test_ogb_suites_run_only_when_the_data_is_on_disk(tmp_path, monkeypatch):

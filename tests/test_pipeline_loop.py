@@ -104,6 +104,26 @@ def test_patience_counts_evaluations_without_improvement(tmp_path):
     assert s["epochs"] == 4 and s["best_epoch"] == 2 and s["status"] == "ok"
 
 
+def test_min_delta_counts_small_gains_against_patience_but_keeps_the_best(tmp_path):
+    # 0.61, 0.615 and 0.62 each gain less than 0.05 on 0.6: patience 3 stops at epoch 5, and the
+    # best point is still the last (0.62), not the one patience counted from
+    s = run(tmp_path, "train.epochs=8", "train.patience=3", "train.min_delta=0.05",
+            vals=[0.5, 0.6, 0.61, 0.615, 0.62, 0.9, 0.9, 0.9])
+    assert s["epochs"] == 5 and s["best_epoch"] == 5 and s["best_val"] == 0.62
+    # without min_delta the same climb runs on
+    assert run(tmp_path / "plain", "train.epochs=8", "train.patience=3",
+               vals=[0.5, 0.6, 0.61, 0.615, 0.62, 0.9, 0.9, 0.9])["epochs"] == 8
+
+
+def test_a_validation_target_stops_the_run_at_the_first_evaluation_reaching_it(tmp_path):
+    s = run(tmp_path, "train.epochs=6", "train.target_val=0.7", vals=[0.5, 0.6, 0.71, 0.8, 0.9, 0.95])
+    assert s["epochs"] == 3 and s["best_val"] == 0.71 and s["status"] == "ok"
+    assert [c["epoch"] for c in strict_curve(tmp_path)] == [1, 2, 3]
+    # never reached: the epoch cap ends it
+    s = run(tmp_path / "never", "train.epochs=3", "train.target_val=0.99", vals=[0.5, 0.6, 0.7])
+    assert s["epochs"] == 3
+
+
 def test_non_finite_loss_stops_the_run(tmp_path):
     s = run(tmp_path, "train.epochs=5", losses=[1.0, 0.9, float("nan"), 0.5, 0.4])
     assert s["status"] == "failed" and s["error"].startswith("diverged at epoch 3")

@@ -63,6 +63,7 @@ def check_config(cfg) -> None:
     except DeviceError as e:
         raise LaunchError(str(e)) from None
     _int_at_least(cfg, "train.patience", 0, " (0 = no early stop)")
+    _positive(cfg, "train.min_delta", allow_zero=True)
     _positive(cfg, "train.lr")
     _positive(cfg, "train.weight_decay", allow_zero=True)
     dropout = cfg.model.dropout

@@ -174,8 +174,8 @@ class EpochLoop:
             t_eval = time.time()
             val, test = p.evaluate()
             record.update(val=val, test=test, eval_s=round(time.time() - t_eval, 3))
-            if not rec.keep_best(val, test, epoch):
-                stop = cfg.train.patience > 0 and state["bad_evals"] >= cfg.train.patience
+            rec.keep_best(val, test, epoch, cfg.train.min_delta)
+            stop = cfg.train.patience > 0 and state["bad_evals"] >= cfg.train.patience
             # time to accuracy: rank 0's metric decides for all, as for the time budget
             if cfg.train.target_val is not None and broadcast_object(val >= cfg.train.target_val):
                 stop = True

@@ -162,16 +162,22 @@ class RunRecord:
         p = self.p
         self.tracker.baseline(self.ctx.counter.as_dict(), dict(p.timer.total), p.batches, p.timed["train_s"])
 
-    def keep_best(self, val: float, test: float, at: int) -> bool:
-        """An evaluation: test_final, the best validation point (its test and model); True if better."""
+    def keep_best(self, val: float, test: float, at: int, min_delta: float = 0.0) -> bool:
+        """An evaluation: test_final, the best validation point (its test and model; True if
+        better) and the patience count: evaluations since the last one that beat the one before
+        it by more than `min_delta` (train.min_delta; with 0, since the best)."""
         state = self.state
         state["test_final"] = test
+        ref = state.get("patience_ref", state["best_val"])
+        if ref is None or val > ref + min_delta:
+            state.update(patience_ref=val, bad_evals=0)
+        else:
+            state["bad_evals"] += 1
         if state["best_val"] is None or val > state["best_val"]:
-            state.update(best_val=val, best_test=test, best_epoch=at, bad_evals=0)
+            state.update(best_val=val, best_test=test, best_epoch=at)
             if self.writes:
                 save_atomic(self.run_dir / BEST_MODEL, {"model": self.p.model.state_dict(), "epoch": at})
             return True
-        state["bad_evals"] += 1
         return False
 
     def checkpoint(self, optimizer: dict, rng) -> None:
