@@ -29,7 +29,7 @@ test: setup
 	$(VPY) -m pytest -q tests
 
 # each bench config writes its own report under benchmarks/results/
-BENCHES ?= headline default parity tma lamp link
+BENCHES ?= headline target default parity tma lamp link
 
 bench: setup
 	set -e; for b in $(BENCHES); do $(VPY) -m degnn.bench bench=$$b; done; $(VPY) -m degnn.bench.results_md

@@ -330,27 +330,28 @@ def compute_section(runs: List[dict]) -> List[str]:
     from .spread import cell, spread
 
     by: dict = {}
+    edges: dict = {}  # edges per batch of a dataset and batch size (the same batch files throughout)
     for r in runs:
         if r.get("pipeline") == "compute" and r.get("step_ms_median"):
-            by.setdefault((r["dataset"], r["batch_size"]), {}).setdefault(
+            group = (r["dataset"], r["batch_size"])
+            by.setdefault(group, {}).setdefault(
                 (r["implementation"], r["device"], r["device_name"], r["threads"]), []).append(r["step_ms_median"])
+            edges.setdefault(group, r["edges_mean"])
     if not by:
         return []
     rows = []
     for (dataset, batch), sides in sorted(by.items()):
-        edges = [r["edges_mean"] for r in runs if r.get("pipeline") == "compute" and r["dataset"] == dataset
-                 and r["batch_size"] == batch]
-        base = next((v for (impl, dev, _, t), v in sides.items() if impl == "dgl" and dev == "cpu" and t == 1), None)
+        base = next((spread(v) for (impl, dev, _, t), v in sides.items() if impl == "dgl" and dev == "cpu" and t == 1),
+                    None)
         for (impl, dev, name, threads), ms in sorted(sides.items(), key=lambda kv: -statistics.median(kv[1])):
             s = spread(ms)
             speed = "–"
             if base and dev == "cuda":
-                b = spread(base)
-                speed = f"**{b.median / s.median:.0f}x** ({b.lo / s.hi:.0f}–{b.hi / s.lo:.0f})"
+                speed = f"**{base.median / s.median:.0f}x** ({base.lo / s.hi:.0f}–{base.hi / s.lo:.0f})"
             elif base:
-                speed = f"{spread(base).median / s.median:.2f}x"
+                speed = f"{base.median / s.median:.2f}x"
             who = "degnn's model (dgl.nn.SAGEConv)" if impl == "dgl" else "plain-torch stand-in"
-            rows.append(f"| {dataset} | {batch} | {edges[0]:,.0f} | {who} | {name}"
+            rows.append(f"| {dataset} | {batch} | {edges[(dataset, batch)]:,.0f} | {who} | {name}"
                         f"{f', {threads} thread' + ('s' if threads > 1 else '') if dev == 'cpu' else ''} | "
                         f"{cell(s, '.1f')} | {s.n} | {speed} |")
     return ["## Compute speed of a GPU", "",
