@@ -55,6 +55,8 @@ def test_epoch_arithmetic_bandwidth_speed_and_latency():
     assert P.epoch_time(c, GBIT, 0.5, latency_s=0.001) == pytest.approx(10 * (0.37 + 0.010))
     # an overlapped batch never beats the link carrying every byte (1.25 s of loader, 1.5 s of link)
     assert P.epoch_time(c, 1 * MB, 1e6, prefetch=1, shared_cpu=False) == pytest.approx(10 * 1.5)
+    # a GPU: the model's step (0.2 s of compute at 0.5 CPU) 40x faster than one core, the rest at one core
+    assert P.epoch_time(c, MBIT100, 1.0, model_speed=40.0) == pytest.approx(10 * ((cpu - 0.2) / 2 + 0.2 / 80 + 0.12))
 
 
 def test_busiest_machine_and_wire_overhead_scale_the_bytes():

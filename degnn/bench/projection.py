@@ -64,6 +64,7 @@ LOADER = ("sampling", "owner_wait")  # what distdgl's prefetch overlaps with tra
 TOLERANCE = 0.20  # the quality bar: a prediction within 20% of the measured epoch
 BANDWIDTHS = ("100mbit", "1gbit", "10gbit", "100gbit")  # the crossover table's columns
 SPEEDS = (1, 2, 5, 10, 20, 50)  # the crossover table's rows
+MODEL_SPEEDS = (20, 50, 100)  # the GPU table's rows: the model's step alone (bench=compute's range)
 LATENCY_S = 0.0002  # a datacenter TCP round trip for the projection's grid
 
 
@@ -179,14 +180,17 @@ def calibrate(s: dict, latency_s: float = 0.0) -> Calibration:
 
 
 def batch_time(c: Calibration, bandwidth: float, speed: float, latency_s: float = 0.0,
-               prefetch: Optional[int] = None, shared_cpu: bool = True) -> float:
+               prefetch: Optional[int] = None, shared_cpu: bool = True,
+               model_speed: Optional[float] = None) -> float:
     """Predicted seconds per batch at `bandwidth` (bytes/s), compute `speed` (1 = one core of the
     calibrating host) and `latency_s` per round trip. `shared_cpu`: the loader and the trainer
-    share the machine's CPU (netns budgets); a real machine gives the loader cores of its own."""
+    share the machine's CPU (netns budgets); a real machine gives the loader cores of its own.
+    `model_speed`: the model's step (the compute phase) alone at this speed, e.g. on a GPU, the
+    rest (sampling, LAMP's owners, histories) at `speed`."""
     prefetch = c.prefetch if prefetch is None or c.exposed else prefetch
-    k = c.speed / speed
     net = {p: c.bytes.get(p, 0.0) / bandwidth + c.round_trips.get(p, 0.0) * latency_s for p in PHASES}
-    cpu = {p: c.cpu_s.get(p, 0.0) * k for p in PHASES}
+    cpu = {p: c.cpu_s.get(p, 0.0) * c.speed / (model_speed if p == "compute" and model_speed else speed)
+           for p in PHASES}
     link = sum(c.bytes.values()) / bandwidth
     if c.pipeline == "tma":
         return sum(cpu.values())
@@ -204,11 +208,11 @@ def batch_time(c: Calibration, bandwidth: float, speed: float, latency_s: float 
 
 def epoch_time(c: Calibration, bandwidth: float, speed: float, latency_s: float = 0.0,
                prefetch: Optional[int] = None, shared_cpu: bool = True,
-               batches: Optional[float] = None) -> float:
+               batches: Optional[float] = None, model_speed: Optional[float] = None) -> float:
     """Predicted seconds of one epoch (`batches` per trainer; default the calibration run's).
     TMA adds an averaging round every `sync_every_s` seconds of training."""
     n = c.batches_per_epoch if batches is None else batches
-    train = n * batch_time(c, bandwidth, speed, latency_s, prefetch, shared_cpu)
+    train = n * batch_time(c, bandwidth, speed, latency_s, prefetch, shared_cpu, model_speed)
     if c.pipeline == "tma" and c.param_bytes and c.sync_every_s:
         per_round = (c.machines - 1) * c.param_bytes / bandwidth + 2 * latency_s
         train += train / c.sync_every_s * per_round
@@ -247,11 +251,11 @@ def log_grid(lo: float, hi: float, n: int) -> List[float]:
 
 def ratio_grid(num: Calibration, den: Calibration, bandwidths: Sequence[float], speeds: Sequence[float],
                latency_s: float = LATENCY_S, shared_cpu: bool = False,
-               den_prefetch: Optional[int] = None) -> List[List[float]]:
+               den_prefetch: Optional[int] = None, model_speed: Optional[float] = None) -> List[List[float]]:
     """[speed][bandwidth] -> epoch(num) / epoch(den), both at the same batches per epoch."""
     n = den.batches_per_epoch
-    return [[epoch_time(num, b, s, latency_s, shared_cpu=shared_cpu, batches=n)
-             / epoch_time(den, b, s, latency_s, den_prefetch, shared_cpu=shared_cpu, batches=n)
+    return [[epoch_time(num, b, s, latency_s, shared_cpu=shared_cpu, batches=n, model_speed=model_speed)
+             / epoch_time(den, b, s, latency_s, den_prefetch, shared_cpu=shared_cpu, batches=n, model_speed=model_speed)
              for b in bandwidths] for s in speeds]
 
 
@@ -408,16 +412,20 @@ RATIOS = (("lamp/distdgl", "lamp", None), ("lamp/distdgl with a prefetching load
 
 
 def crossover_rows(num: Calibration, den: Calibration, latency_s: float = LATENCY_S,
-                   den_prefetch: Optional[int] = None) -> List[str]:
-    """Per speed: the ratio at each table bandwidth, and the bandwidth where it crosses 1."""
+                   den_prefetch: Optional[int] = None, gpu: bool = False) -> List[str]:
+    """Per speed: the ratio at each table bandwidth, and the bandwidth where it crosses 1. `gpu`:
+    the speeds are the model step's alone (MODEL_SPEEDS), everything else at 1x."""
     fine = log_grid(rate("100mbit"), rate("100gbit"), 61)
     rows = []
-    for sp in SPEEDS:
-        vals = ratio_grid(num, den, [rate(b) for b in BANDWIDTHS], [sp], latency_s, den_prefetch=den_prefetch)[0]
-        curve = ratio_grid(num, den, fine, [sp], latency_s, den_prefetch=den_prefetch)[0]
+    for sp in (MODEL_SPEEDS if gpu else SPEEDS):
+        speed, model = (1.0, sp) if gpu else (sp, None)
+        vals = ratio_grid(num, den, [rate(b) for b in BANDWIDTHS], [speed], latency_s, den_prefetch=den_prefetch,
+                          model_speed=model)[0]
+        curve = ratio_grid(num, den, fine, [speed], latency_s, den_prefetch=den_prefetch, model_speed=model)[0]
         x = crossing(fine, curve)
         where = fmt_rate(x) if x else ("none (below 1 throughout)" if curve[0] < 1 else "none (above 1 throughout)")
-        rows.append(f"| {sp}x | " + " | ".join(f"{v:.2f}" for v in vals) + f" | {where} |")
+        rows.append(f"| {sp}x{' (model step), 1x (rest)' if gpu else ''} | " + " | ".join(f"{v:.2f}" for v in vals)
+                    + f" | {where} |")
     return rows
 
 
@@ -502,6 +510,11 @@ def projection_section(runs: List[dict], out: Optional[Path] = None, detail: boo
         for title, name, pre in RATIOS:
             if name in cals and not (pre and d.exposed):
                 lines += [f"{title}:", "", head, sep] + crossover_rows(cals[name], d, den_prefetch=pre) + [""]
+        lines += ["With the model's step on a GPU and the rest on one core a machine (bench=compute measures "
+                  "the GPU's factor on these batches; sampling, the loader, LAMP's owners and histories stay "
+                  "on the CPU), LAMP against distdgl:", "",
+                  head.replace("| speed |", "| speed (model step; rest) |"), sep]
+        lines += crossover_rows(cals["lamp"], d, den_prefetch=None if d.exposed else 1, gpu=True) + [""]
         if out is not None:
             png = plot_projection(cals, Path(out) / "projection.png")
             if png:
