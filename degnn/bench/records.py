@@ -29,7 +29,7 @@ RECORDS_DIR = Path("benchmarks") / "records"
 MAX_VALUE_CHARS = 600
 # the setting of a run besides its overrides: what the record keeps of the run's config.yaml
 CONFIG_KEYS = {"model": ("name", "layers", "hidden", "fanouts"),
-               "train": ("batch_size", "lr", "epochs", "patience", "time_limit_s", "target_val", "seed"),
+               "train": ("batch_size", "lr", "epochs", "patience", "min_delta", "time_limit_s", "target_val", "seed"),
                "cluster": ("kind", "machines", "trainers_per_machine", "bandwidth", "cpus_per_machine",
                            "memory_per_machine"),
                "partition": ("method", "num_parts", "seed")}

@@ -21,7 +21,9 @@ def converged_source(conv: List[dict]) -> str:
     epochs = max(d.get("epochs") or 0 for d in conv)
     if any(hit_epoch_cap(d) for d in conv):
         return f"distdgl's {epochs}-epoch run: the epoch cap stopped it, not patience"
-    return f"converged: patience {train_setting(conv[0], 'patience')} stopped distdgl at {epochs} epochs"
+    delta = train_setting(conv[0], "min_delta")
+    gain = f", a gain under {delta:g} not counted" if delta else ""
+    return f"converged: patience {train_setting(conv[0], 'patience')}{gain} stopped distdgl at {epochs} epochs"
 
 
 def best_baseline(dist: List[dict]) -> Tuple[List[dict], str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import List, Optional
 
+import yaml
+
 from ..records import bandwidth
 from ..spread import median
 
@@ -27,8 +29,14 @@ def method(s: dict) -> str:
 
 
 def train_setting(s: dict, key: str):
-    """A `train.` key of the run's config (`train.epochs`, `train.patience`); None without one."""
-    return ((s.get("_config") or {}).get("train") or {}).get(key)
+    """A `train.` key of the run's config (`train.epochs`, `train.patience`), else of its record's
+    overrides (a record keeps only some keys of the config); None without one."""
+    value = ((s.get("_config") or {}).get("train") or {}).get(key)
+    if value is None:
+        for o in (s.get("_record") or {}).get("overrides") or ():
+            if o.startswith(f"train.{key}="):
+                return yaml.safe_load(o.split("=", 1)[1])
+    return value
 
 
 def hit_epoch_cap(s: dict) -> bool:
