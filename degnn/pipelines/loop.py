@@ -199,5 +199,6 @@ class EpochLoop:
             dist.all_gather_object(rngs, rng_state())
             rec.checkpoint(p.optimizer.state_dict(), rngs)
         if stop and state["bad_evals"] >= cfg.train.patience > 0:
-            p.log.info("early stop: no better validation for %d evaluations", cfg.train.patience)
+            p.log.info("early stop: no better validation%s for %d evaluations",
+                       f" by more than {cfg.train.min_delta:g}" if cfg.train.min_delta else "", cfg.train.patience)
         return stop
