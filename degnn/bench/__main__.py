@@ -4,9 +4,10 @@ Each suite is a Hydra multirun of `degnn.launch` (one cluster per job) or of
 `degnn.bench.single_process` (the accuracy reference), with its sweep directory inside the results
 folder. The suite list runs `bench.repeats` times, every other repeat in reverse order, every
 launch suite on netns machines of `bench.cpus_per_machine` CPUs. A time-to-target suite
-(`target_from`) runs once per dataset, stopping at the target its converged baseline set. Afterwards every summary.json
-there goes into report.md and the PNG plots, and one record per run into the committed records
-(degnn.bench.records), from which `python -m degnn.bench.results_md` writes benchmarks/RESULTS.md.
+(`target_from`) runs once per dataset, stopping at the target its converged baseline set.
+Afterwards every summary.json there goes into report.md and the PNG plots, and one record per run
+into the committed records (degnn.bench.records), from which `python -m degnn.bench.results_md`
+writes benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
