@@ -94,7 +94,8 @@ class TrainConfig:
     # seconds (0 = no limit): a wall-time budget like pipeline=tma's time_limit_s, for benchmarks
     time_limit_s: float = 0.0
     # stop after the first evaluation whose validation metric reaches this value (null = never):
-    # time-to-accuracy runs; the benches set it from a converged baseline (bench=target)
+    # time-to-accuracy runs; the benches set it from a converged baseline (bench=target). Like
+    # patience, read by the epoch loop (distdgl, lamp); pipeline=tma ends at its time budget
     target_val: Optional[float] = None
     # where the trainers' models and batches live: cpu (tested), or cuda[:N] (needs CUDA builds
     # of PyTorch and DGL; untested)

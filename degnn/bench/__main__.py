@@ -82,12 +82,12 @@ def targets(out: Path, bench, suite) -> Dict[str, Tuple[float, int]]:
     names (`target_from`, this invocation's, every repeat): the median best validation minus
     `bench.target_margin`, and the most epochs one of them trained (the compared runs get as many
     epochs as the baseline needed to converge, so one that never reaches the target still ends)."""
-    import json
     import statistics
 
+    from .report import collect
+
     found: Dict[str, List[dict]] = {}
-    for path in sorted((out / suite.target_from).rglob("summary.json")):
-        s = json.loads(path.read_text())
+    for s in collect(out / suite.target_from):
         if s.get("status") == "ok" and s.get("best_val") is not None:
             found.setdefault(s["dataset"], []).append(s)
     if not found:

@@ -162,10 +162,10 @@ class RunRecord:
         p = self.p
         self.tracker.baseline(self.ctx.counter.as_dict(), dict(p.timer.total), p.batches, p.timed["train_s"])
 
-    def keep_best(self, val: float, test: float, at: int, min_delta: float = 0.0) -> bool:
-        """An evaluation: test_final, the best validation point (its test and model; True if
-        better) and the patience count: evaluations since the last one that beat the one before
-        it by more than `min_delta` (train.min_delta; with 0, since the best)."""
+    def keep_best(self, val: float, test: float, at: int, min_delta: float = 0.0) -> None:
+        """An evaluation: test_final, the best validation point (its test and model) and the
+        patience count: evaluations since the last one that beat the one before it by more than
+        `min_delta` (train.min_delta; with 0, since the best)."""
         state = self.state
         state["test_final"] = test
         ref = state.get("patience_ref", state["best_val"])
@@ -177,8 +177,6 @@ class RunRecord:
             state.update(best_val=val, best_test=test, best_epoch=at)
             if self.writes:
                 save_atomic(self.run_dir / BEST_MODEL, {"model": self.p.model.state_dict(), "epoch": at})
-            return True
-        return False
 
     def checkpoint(self, optimizer: dict, rng) -> None:
         if self.writes:
