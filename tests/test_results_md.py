@@ -95,7 +95,9 @@ def test_records_make_the_lamp_tables_with_medians_ranges_and_time_from_launch(t
     orders = _invocation(old, (8.0, 9.0, 10.0))
     assert write_records(collect(old), records, "lamp", orders, "2026-01-01T00:00:00Z", "abc1234") == 6
     orders = _invocation(new, (10.0, 12.0, 14.0), lamp_setup=10.0)
-    write_records(collect(new), records, "lamp", orders, "2026-01-02T00:00:00Z", "def5678-dirty")
+    # the host probe before each suite: distdgl's 0.20 / 0.21 / 0.22 s, none for lamp's
+    probes = {k: 0.2 + 0.01 * k[1] for k in orders if k[0] == "accuracy-L3-distdgl"}
+    write_records(collect(new), records, "lamp", orders, "2026-01-02T00:00:00Z", "def5678-dirty", probes)
     lines = records.read_text().splitlines()
     assert len(lines) == 12 and all(len(line) < 4000 for line in lines)
     rec = json.loads(lines[-1])
@@ -116,8 +118,10 @@ def test_records_make_the_lamp_tables_with_medians_ranges_and_time_from_launch(t
     # target 0.6 - 0.01: distdgl at 20 / 22 / 24 s, lamp at 5 / 6 / 7 s; from launch +2 and +10 s
     assert ("| accuracy-L3 | wordnet | 3 | 8 | 0.5900 (compared runs) | 22.0 (20.0–24.0) | 6.0 (5.0–7.0) | **3.67x** | "
             "24.0 (22.0–26.0) | 16.0 (15.0–17.0) | **1.50x** | 3 / 3 |") in text
-    # how far the repeats of a setting agree: (12 - 10) / 11
-    assert "| accuracy-L3-distdgl | distdgl wordnet L3 M4 1gbit 0.45 CPUs | 3 | 11.00 (10.00–12.00) | 18% |" in text
+    # how far the repeats of a setting agree: (12 - 10) / 11; the host probe (0.22 - 0.20) / 0.21
+    assert "| accuracy-L3-distdgl | distdgl wordnet L3 M4 1gbit 0.45 CPUs | 3 | 11.00 (10.00–12.00) | 18% | 10% |" in text
+    assert "| accuracy-L3-lamp | lamp wordnet L3 M4 1gbit 0.45 CPUs | 3 | 6.00 (5.00–7.00) | 33% | – |" in text
+    assert "Host probe over the bench's 3 runs: 0.210 (0.200–0.220) s, a 10% spread." in text
     assert "## Benches without current records" in text and "- `bench=tma`" in text
 
 
@@ -161,3 +165,11 @@ def test_the_baseline_is_the_faster_distdgl_loop_where_both_ran():
     runs, note = best_baseline(sync + ahead)
     assert runs == sync and note == " (prefetch 0, the faster; 1: 5.60 s)"
     assert best_baseline(ahead) == (ahead, "")
+
+
+def test_the_host_probe_times_a_fixed_loop():
+    from degnn.bench.host_probe import probe_s
+
+    # a tenth of the loop takes about a tenth of the time (the host's speed, not a constant)
+    full, tenth = probe_s(3), probe_s(3, n=500_000)
+    assert 0 < tenth < full < 60, (tenth, full)

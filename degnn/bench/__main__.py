@@ -22,6 +22,7 @@ from omegaconf import DictConfig
 
 from degnn.config import CONF_DIR, register_configs
 
+from .host_probe import probe_s
 from .records import git_commit, utc, write_records
 from .report import plot_note, write_report
 
@@ -125,6 +126,7 @@ def main(cfg: DictConfig) -> None:
     out.mkdir(parents=True, exist_ok=True)
     failed = []
     orders: Dict[Tuple[str, int], int] = {}
+    probes: Dict[Tuple[str, int], float] = {}  # the host's speed just before each suite
     if not cfg.report_only:
         t0 = time.time()
         commit = git_commit(Path.cwd())
@@ -142,11 +144,12 @@ def main(cfg: DictConfig) -> None:
                 failed.append(f"{suite.name} (repeat {rep + 1})")
                 continue
             rc = 0
+            probes[(suite.name, rep)] = probe_s()
             for overrides, subdir in multiruns:
                 cmd = [sys.executable, "-m", suite.module, "-m", *overrides,
                        f"hydra.sweep.dir={sweep_dir(out, cfg.bench, suite, rep)}", f"hydra.sweep.subdir={subdir}"]
-                print(f"bench {cfg.bench.name}: repeat {rep + 1}/{cfg.bench.repeats}, suite {suite.name}: "
-                      f"{' '.join(cmd[1:])}", flush=True)
+                print(f"bench {cfg.bench.name}: repeat {rep + 1}/{cfg.bench.repeats}, suite {suite.name} "
+                      f"(host probe {probes[(suite.name, rep)]:.3f} s): {' '.join(cmd[1:])}", flush=True)
                 rc = subprocess.run(cmd, cwd=out.parent).returncode or rc
             if rc != 0:
                 failed.append(f"{suite.name} (repeat {rep + 1})")
@@ -158,7 +161,7 @@ def main(cfg: DictConfig) -> None:
         from .report import collect
 
         path = Path(cfg.records).resolve() / f"{cfg.bench.name}.jsonl"
-        n = write_records(collect(out), path, cfg.bench.name, orders, utc(t0), commit)
+        n = write_records(collect(out), path, cfg.bench.name, orders, utc(t0), commit, probes)
         print(f"records: {n} runs appended to {path} (benchmarks/RESULTS.md: python -m degnn.bench.results_md)")
     print(f"report: {report}")
     if plot_note():

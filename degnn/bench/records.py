@@ -104,8 +104,9 @@ def compact_curve(s: dict) -> List[dict]:
 
 
 def make_record(s: dict, bench: str, suite: str, repeat: int, order: int, invocation: str,
-                commit: str) -> dict:
-    """The record of one collected run (degnn.bench.report.collect's run dict)."""
+                commit: str, host_probe_s: Optional[float] = None) -> dict:
+    """The record of one collected run (degnn.bench.report.collect's run dict); `host_probe_s`:
+    the host's speed before its suite (degnn.bench.host_probe)."""
     from .report import label_tv
 
     cfg = s.get("_config") or {}
@@ -125,20 +126,22 @@ def make_record(s: dict, bench: str, suite: str, repeat: int, order: int, invoca
     return {"bench": bench, "suite": suite, "repeat": repeat, "order": order, "run": s["_rel"],
             "commit": commit, "invocation": invocation, "date": date,
             "overrides": _overrides(s.get("_dir")), "settings": settings,
-            "summary": summary, "curve": compact_curve(s)}
+            "summary": summary, "curve": compact_curve(s), "host_probe_s": host_probe_s}
 
 
 def write_records(runs: List[dict], path: Path, bench: str, orders: Dict[Tuple[str, int], int],
-                  invocation: str, commit: str) -> int:
+                  invocation: str, commit: str, probes: Optional[Dict[Tuple[str, int], float]] = None) -> int:
     """Append every run of this invocation to `path` (one JSON line each); the number written.
-    `orders`: (suite, repeat) -> the suite's position in that repeat's order."""
+    `orders`: (suite, repeat) -> the suite's position in that repeat's order; `probes`: the same
+    keys -> the host probe taken before that suite."""
     lines = []
     for s in sorted(runs, key=lambda s: s["_rel"]):
         suite, rep = s["_rel"].split("/")[0], repeat_of(s["_rel"])
         if (suite, rep) not in orders:
             continue  # a run of an earlier invocation in the same results folder
-        lines.append(json.dumps(make_record(s, bench, suite, rep, orders[(suite, rep)], invocation, commit),
-                                sort_keys=True, separators=(",", ":")))
+        record = make_record(s, bench, suite, rep, orders[(suite, rep)], invocation, commit,
+                             (probes or {}).get((suite, rep)))
+        lines.append(json.dumps(record, sort_keys=True, separators=(",", ":")))
     if lines:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as f:

@@ -74,7 +74,8 @@ def provenance(records: List[dict]) -> str:
 
 def repeat_spread(records: List[dict]) -> List[str]:
     """How far a setting's repeats agree: the median epoch time (TMA: round) of each repeat, the
-    median and min–max over them, and (max − min) / median."""
+    median and min–max over them, (max − min) / median, and the same share of the host probe
+    taken before those repeats' suites (degnn.bench.host_probe), where the records have it."""
     from . import report
     from .records import setting
     from .spread import cell, spread
@@ -95,14 +96,28 @@ def repeat_spread(records: List[dict]) -> List[str]:
         name = report.label(run) + (f" {cpus:g} CPUs" if cpus else "")
         if run.get("pipeline") == "distdgl" and prefetch is not None:
             name += f" prefetch {prefetch}"
-        rows.append(f"| {group[0]['suite']} | {name} | {s.n} | {cell(s)} | "
-                    f"{'–' if s.rel_range() is None else format(100 * s.rel_range(), '.0f') + '%'} |")
+        host = spread(r.get("host_probe_s") for r in group)
+        rows.append(f"| {group[0]['suite']} | {name} | {s.n} | {cell(s)} | {_share(s)} | "
+                    f"{_share(host) if host is not None and host.n == s.n else '–'} |")
     if not rows:
         return []
-    return ["## Agreement of repeats", "",
-            "Each setting's epoch time (a run's median epoch; TMA: its round) over its repeats: the "
-            "median, the min–max, and the min–max as a share of the median.", "",
-            "| suite | run | repeats | epoch s | spread (of the median) |", "|---|---|---|---|---|", *rows, ""]
+    lines = ["## Agreement of repeats", "",
+             "Each setting's epoch time (a run's median epoch; TMA: its round) over its repeats: the "
+             "median, the min–max, and the min–max as a share of the median; beside it the same share "
+             "of the host's own single-core speed, timed before each of those runs' suites (the host "
+             "probe: docs/benchmarks.md, \"Agreement of repeats\").", "",
+             "| suite | run | repeats | epoch s | spread (of the median) | host probe spread |",
+             "|---|---|---|---|---|---|", *rows, ""]
+    probes = spread(r.get("host_probe_s") for r in records)
+    if probes is not None and probes.n > 1:
+        lines += [f"Host probe over the bench's {probes.n} runs: {cell(probes, '.3f')} s, a "
+                  f"{_share(probes)} spread.", ""]
+    return lines
+
+
+def _share(s) -> str:
+    """(max − min) / median as a percentage, `–` where there is none."""
+    return "–" if s is None or s.rel_range() is None else format(100 * s.rel_range(), ".0f") + "%"
 
 
 def bench_section(name: str, records: List[dict]) -> List[str]:
