@@ -114,7 +114,9 @@ def test_records_make_the_lamp_tables_with_medians_ranges_and_time_from_launch(t
     assert "3 repeats, every other one with the suites in reverse order" in text
     assert "limited to 0.45 CPUs" in text
     # epoch s: distdgl 10 / 11 / 12, lamp 5 / 6 / 7 -> medians 11 and 6, ranges apart: no overlap mark
-    assert "| 11.00 (10.00–12.00) / 6.00 (5.00–7.00) |" in text and "| 1.83x | 3 / 3 |" in text
+    assert "| 11.00 (10.00–12.00) / 6.00 (5.00–7.00) |" in text
+    # within each repeat: 10 / 5, 11 / 6, 12 / 7
+    assert "| 1.83x | 1.83x (1.71–2.00), 16% | 3 / 3 |" in text
     # target 0.6 - 0.01: distdgl at 20 / 22 / 24 s, lamp at 5 / 6 / 7 s; from launch +2 and +10 s
     assert ("| accuracy-L3 | wordnet | 3 | 8 | 0.5900 (compared runs) | 22.0 (20.0–24.0) | 6.0 (5.0–7.0) | **3.67x** | "
             "24.0 (22.0–26.0) | 16.0 (15.0–17.0) | **1.50x** | 3 / 3 |") in text
@@ -173,3 +175,19 @@ def test_the_host_probe_times_a_fixed_loop():
     # a tenth of the loop takes about a tenth of the time (the host's speed, not a constant)
     full, tenth = probe_s(3), probe_s(3, n=500_000)
     assert 0 < tenth < full < 60, (tenth, full)
+
+
+def test_prefetch_against_the_synchronous_loop_pairs_the_runs_of_each_repeat(tmp_path):
+    from degnn.bench.report import prefetch_pairs
+
+    # the host slows down over the repeats; within each repeat prefetch 1 is 5% faster but in one
+    for rep, (sync, ahead) in enumerate(((4.0, 3.8), (5.0, 4.75), (6.0, 6.3))):
+        for prefetch, t in ((0, sync), (1, ahead)):
+            _run(tmp_path, f"prefetch-L3-{'overlap' if prefetch else 'sync'}/r{rep}/0", [(2 * t, 0.5)], [],
+                 pipeline="distdgl", prefetch=prefetch, epoch_times_s=[t, t])
+    text = "\n".join(prefetch_pairs(collect(tmp_path)))
+    row = [line for line in text.splitlines() if line.startswith("| wordnet | 3 | 1gbit |")]
+    assert len(row) == 1, text
+    # pooled: 4.75 against 5.00, ranges overlap; per repeat 0.95, 0.95, 1.05
+    assert "| 4.75 (3.80-6.30) / 5.00 (4.00-6.00) | **0.95x** |" in row[0]
+    assert row[0].endswith("| 0.95x (0.95–1.05), 11% | 2 of 3 | yes (ranges overlap) |"), row[0]

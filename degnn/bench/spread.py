@@ -2,13 +2,15 @@
 
 bench.repeats runs every suite several times (both orders); a table gives each side's median with
 its min–max, and a ratio of two medians whose ranges overlap is marked so: the repeats do not
-separate the two sides.
+separate the two sides. The two sides of one repeat run back to back, so the ratio within each
+repeat (`paired`) cancels what moves the host's speed between repeats: its spread says how far
+the repeats agree on the comparison itself.
 """
 from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Callable, Iterable, List, Optional
 
 OVERLAP = "ranges overlap"
 
@@ -64,3 +66,31 @@ def ratio_cell(num: Optional[Spread], den: Optional[Spread], bold: bool = True, 
     text = f"{format(num.median / den.median, spec)}x"
     text = f"**{text}**" if bold else text
     return text + (f" ({OVERLAP})" if overlap(num, den) else "")
+
+
+def _repeat(run: dict) -> int:
+    from .records import repeat_of
+
+    return run["repeat"] if run.get("repeat") is not None else repeat_of(run["_rel"])
+
+
+def paired_ratios(num: List[dict], den: List[dict], value: Callable[[dict], Optional[float]]) -> List[float]:
+    """value(num run) / value(den run) within each repeat both sides ran (one run a side and
+    repeat), in repeat order."""
+    a = {_repeat(r): value(r) for r in num}
+    b = {_repeat(r): value(r) for r in den}
+    return [a[k] / b[k] for k in sorted(a.keys() & b.keys()) if a[k] and b[k]]
+
+
+def paired(num: List[dict], den: List[dict], value: Callable[[dict], Optional[float]]) -> Optional[Spread]:
+    """The spread of `paired_ratios`; None when no repeat has both sides."""
+    return spread(paired_ratios(num, den, value))
+
+
+def paired_cell(s: Optional[Spread]) -> str:
+    """`1.45x (1.34–1.47), 9%`: the within-repeat ratios' median, min–max and spread."""
+    if s is None:
+        return "–"
+    if s.n < 2:
+        return f"{s.median:.2f}x"
+    return f"{s.median:.2f}x ({s.lo:.2f}–{s.hi:.2f}), {100 * s.rel_range():.0f}%"

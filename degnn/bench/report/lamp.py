@@ -7,7 +7,7 @@ from collections import defaultdict
 from typing import Dict, List, Tuple
 
 from ..records import bandwidth
-from ..spread import cell, median, ratio_cell, spread
+from ..spread import cell, median, paired, paired_cell, ratio_cell, spread
 from .runs import (_beyond_allreduce, _group, ablated, fmt, hit_epoch_cap, kb, median_epoch_s, time_from_launch,
                    time_to_target, train_setting)
 
@@ -75,7 +75,7 @@ def lamp_section(runs: List[dict]) -> List[str]:
             f"{fmt(acc_d)} / {fmt(acc)} | {fmt((acc - acc_d) * 100 if None not in (acc, acc_d) else None, '+.2f')} | "
             f"{fmt(med(lamp, lambda r: r.get('history_age_mean')), '.1f')} / {max(ages) if ages else '–'} | "
             f"{fmt(med(lamp, lambda r: r.get('roots_per_batch')), '.0f')} | {ratio_cell(td, t, bold=False)} | "
-            f"{len(dist)}{which} / {len(lamp)} |")
+            f"{paired_cell(paired(dist, lamp, median_epoch_s))} | {len(dist)}{which} / {len(lamp)} |")
     if not rows:
         return []
     out = ["## LAMP against DistDGL", "",
@@ -84,12 +84,13 @@ def lamp_section(runs: List[dict]) -> List[str]:
            "(netns veth counters), in all and beyond the gradient all-reduce; epoch time is a run's median "
            "epoch; test at the best validation point. Where distdgl ran both synchronous and with its "
            "prefetching loader, the faster of the two is the baseline (the runs column names it). Over repeats: the median, with the min–max in "
-           "brackets where the repeats differ; a ratio of medians whose two ranges overlap says so.", "",
+           "brackets where the repeats differ; a ratio of medians whose two ranges overlap says so. Within a repeat the two "
+           "ran back to back: the ratio per repeat gives the median, min–max and spread of those ratios.", "",
            "| group | dataset | layers | bits | epochs | net KB/batch (distdgl / lamp) | distdgl / lamp | "
            "beyond all-reduce KB (distdgl / lamp) | epoch s (distdgl / lamp) | test (distdgl / lamp) | "
            "difference (points) | history age mean / max | roots/batch | epoch time distdgl / lamp | "
-           "runs (distdgl / lamp) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+           "ratio per repeat | runs (distdgl / lamp) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
     reach = []
     for key in order:
         lamp, dist = settings[key], best_baseline(base.get(key[:3], []))[0]
