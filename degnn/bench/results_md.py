@@ -78,7 +78,7 @@ def repeat_spread(records: List[dict]) -> List[str]:
     taken before those repeats' suites (degnn.bench.host_probe), where the records have it."""
     from . import report
     from .records import setting
-    from .spread import cell, spread
+    from .spread import cell, share, spread
 
     by: Dict[tuple, List[dict]] = defaultdict(list)
     for r in records:
@@ -97,8 +97,8 @@ def repeat_spread(records: List[dict]) -> List[str]:
         if run.get("pipeline") == "distdgl" and prefetch is not None:
             name += f" prefetch {prefetch}"
         host = spread(r.get("host_probe_s") for r in group)
-        rows.append(f"| {group[0]['suite']} | {name} | {s.n} | {cell(s)} | {_share(s)} | "
-                    f"{_share(host) if host is not None and host.n == s.n else '–'} |")
+        rows.append(f"| {group[0]['suite']} | {name} | {s.n} | {cell(s)} | {share(s)} | "
+                    f"{share(host) if host is not None and host.n == s.n else '–'} |")
     if not rows:
         return []
     lines = ["## Agreement of repeats", "",
@@ -111,13 +111,8 @@ def repeat_spread(records: List[dict]) -> List[str]:
     probes = spread(r.get("host_probe_s") for r in records)
     if probes is not None and probes.n > 1:
         lines += [f"Host probe over the bench's {probes.n} runs: {cell(probes, '.3f')} s, a "
-                  f"{_share(probes)} spread.", ""]
+                  f"{share(probes)} spread.", ""]
     return lines
-
-
-def _share(s) -> str:
-    """(max − min) / median as a percentage, `–` where there is none."""
-    return "–" if s is None or s.rel_range() is None else format(100 * s.rel_range(), ".0f") + "%"
 
 
 def bench_section(name: str, records: List[dict]) -> List[str]:

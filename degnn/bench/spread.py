@@ -12,6 +12,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Callable, Iterable, List, Optional
 
+from .records import repeat_of
+
 OVERLAP = "ranges overlap"
 
 
@@ -55,6 +57,11 @@ def overlap(a: Optional[Spread], b: Optional[Spread]) -> bool:
     return a.lo <= b.hi and b.lo <= a.hi
 
 
+def share(s: Optional[Spread]) -> str:
+    """(max − min) / median as a percentage, `–` where there is none."""
+    return "–" if s is None or s.rel_range() is None else format(100 * s.rel_range(), ".0f") + "%"
+
+
 def cell(s: Optional[Spread], spec: str = ".2f") -> str:
     return "–" if s is None else s.cell(spec)
 
@@ -68,17 +75,11 @@ def ratio_cell(num: Optional[Spread], den: Optional[Spread], bold: bool = True, 
     return text + (f" ({OVERLAP})" if overlap(num, den) else "")
 
 
-def _repeat(run: dict) -> int:
-    from .records import repeat_of
-
-    return run["repeat"] if run.get("repeat") is not None else repeat_of(run["_rel"])
-
-
 def paired_ratios(num: List[dict], den: List[dict], value: Callable[[dict], Optional[float]]) -> List[float]:
     """value(num run) / value(den run) within each repeat both sides ran (one run a side and
     repeat), in repeat order."""
-    a = {_repeat(r): value(r) for r in num}
-    b = {_repeat(r): value(r) for r in den}
+    a = {repeat_of(r["_rel"]): value(r) for r in num}
+    b = {repeat_of(r["_rel"]): value(r) for r in den}
     return [a[k] / b[k] for k in sorted(a.keys() & b.keys()) if a[k] and b[k]]
 
 
@@ -93,4 +94,4 @@ def paired_cell(s: Optional[Spread]) -> str:
         return "–"
     if s.n < 2:
         return f"{s.median:.2f}x"
-    return f"{s.median:.2f}x ({s.lo:.2f}–{s.hi:.2f}), {100 * s.rel_range():.0f}%"
+    return f"{s.median:.2f}x ({s.lo:.2f}–{s.hi:.2f}), {share(s)}"
