@@ -127,6 +127,19 @@ def test_records_make_the_lamp_tables_with_medians_ranges_and_time_from_launch(t
     assert "## Benches without current records" in text and "- `bench=tma`" in text
 
 
+def test_a_suites_newest_invocation_supersedes_its_older_runs_of_other_settings_too():
+    """A suite whose override changed (2 epochs -> 4) leaves its old runs behind; a suite that did
+    not run again keeps its runs."""
+    def rec(suite, invocation, overrides):
+        return {"bench": "parity", "suite": suite, "invocation": invocation, "overrides": overrides,
+                "run": f"{suite}/r0/0"}
+
+    old = rec("prefetch-L2-sync", "2026-01-01T00:00:00Z", ["dataset=wordnet", "train.epochs=2"])
+    new = rec("prefetch-L2-sync", "2026-01-02T00:00:00Z", ["dataset=wordnet", "train.epochs=4"])
+    other = rec("parity-2layers", "2026-01-01T00:00:00Z", ["dataset=wordnet"])
+    assert current([old, new, other]) == [new, other]
+
+
 def test_the_tma_table_gives_time_to_target_over_repeats_from_launch_with_overlap(tmp_path):
     from degnn.bench.report import tma_section
 

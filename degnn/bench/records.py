@@ -9,8 +9,9 @@ uncommitted changes outside benchmarks/, date), the summary's keys the report re
 maps left out) and a compact curve: one line per evaluation with the training time, the time from
 launch (docs/benchmarks.md, "Time from launch"), validation and test.
 
-`current(records)` keeps, for every setting, the records of its newest bench invocation: a newer
-run of the same setting supersedes the older ones (git keeps them). `as_run(record)` is a record in
+`current(records)` keeps, for every suite, the records of its newest bench invocation: an
+invocation runs a suite's whole sweep, so its runs supersede every older run of the suite (git
+keeps them), those of a setting the suite no longer has (an override since changed) too. `as_run(record)` is a record in
 the shape the report's tables read (degnn.bench.report.collect's run dicts), so RESULTS.md is made
 from the records alone (degnn.bench.results_md).
 """
@@ -180,13 +181,13 @@ def derived(override: str, overrides: List[str]) -> bool:
 
 
 def current(records: Iterable[dict]) -> List[dict]:
-    """The records of each setting's newest invocation (every repeat of it)."""
+    """The records of each suite's newest invocation (every setting and repeat of it)."""
     records = list(records)
     newest: Dict[tuple, str] = {}
     for r in records:
-        key = setting(r)
+        key = (r["bench"], r["suite"])
         newest[key] = max(newest.get(key, ""), r["invocation"])
-    return [r for r in records if r["invocation"] == newest[setting(r)]]
+    return [r for r in records if r["invocation"] == newest[(r["bench"], r["suite"])]]
 
 
 def as_run(r: dict) -> dict:
