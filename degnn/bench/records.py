@@ -11,9 +11,9 @@ launch (docs/benchmarks.md, "Time from launch"), validation and test.
 
 `current(records)` keeps, for every suite, the records of its newest bench invocation: an
 invocation runs a suite's whole sweep, so its runs supersede every older run of the suite (git
-keeps them), those of a setting the suite no longer has (an override since changed) too. `as_run(record)` is a record in
-the shape the report's tables read (degnn.bench.report.collect's run dicts), so RESULTS.md is made
-from the records alone (degnn.bench.results_md).
+keeps them), those of a setting the suite no longer has (an override since changed) too.
+`as_run(record)` is a record in the shape the report's tables read (degnn.bench.report.collect's
+run dicts), so RESULTS.md is made from the records alone (degnn.bench.results_md).
 """
 from __future__ import annotations
 
