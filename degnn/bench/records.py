@@ -185,9 +185,12 @@ def current(records: Iterable[dict]) -> List[dict]:
     records = list(records)
     newest: Dict[tuple, str] = {}
     for r in records:
-        key = (r["bench"], r["suite"])
-        newest[key] = max(newest.get(key, ""), r["invocation"])
-    return [r for r in records if r["invocation"] == newest[(r["bench"], r["suite"])]]
+        newest[_suite(r)] = max(newest.get(_suite(r), ""), r["invocation"])
+    return [r for r in records if r["invocation"] == newest[_suite(r)]]
+
+
+def _suite(r: dict) -> tuple:
+    return r["bench"], r["suite"]
 
 
 def as_run(r: dict) -> dict:
