@@ -65,7 +65,8 @@ class TrainConfig:
     lr: float = 0.003
     weight_decay: float = 0.0
     seed: int = 0
-    # evaluate validation/test every N epochs (full-neighbour, whole graph)
+    # evaluate validation/test every N epochs (full-neighbour, whole graph); pipeline=tma: every N
+    # averaging rounds, and the last
     eval_every: int = 1
     # pipeline=distdgl: 0 = an epoch is one pass over the training nodes/edges; N = an epoch is N
     # batches, the next one continuing where it stopped (evaluation, checkpoints and the time

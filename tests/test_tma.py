@@ -256,6 +256,31 @@ def test_a_silent_lead_is_replaced_and_the_corrected_model_reaches_everyone():
     assert c.poll_release(1, 3, now=19.7)[1].item() == 7.0  # a dropped partition's trainer gets them
 
 
+def test_only_every_eval_every_th_round_and_the_last_are_evaluated():
+    """train.eval_every=2 over 3 rounds: round 1 is averaged and released without any unit of
+    evaluation (LLCG still corrects it first), rounds 2 and 3 (the last) are evaluated."""
+    c = Coordinator([0, 1], round_timeout_s=5, start_timeout_s=60, evaluator_timeout_s=10,
+                    homes=[0, 1], phases=2, corrects=True, eval_every=2, rounds_total=3)
+    assert [c.evaluates(r) for r in (1, 2, 3)] == [False, True, True]
+    for rank in (0, 1):
+        c.submit(1, rank, torch.tensor([float(rank)]), {}, now=0.0)
+    assert c.eval_poll(1, 0, 0.1)[0] == "lead"  # the correction is training: it still happens
+    assert c.eval_poll(1, 1, 0.1)[0] == "wait"
+    assert c.eval_open(1, 0, torch.tensor([3.0]), {"corr_s": 0.2}, now=0.2) == "ok"
+    assert c.eval_poll(1, 1, 0.3)[0] == "wait"  # no unit to compute
+    status, _, meta = c.eval_poll(1, 0, 0.3)
+    assert status == "scored" and meta["evaluated"] is False and meta["sums"] == {} and meta["corr_s"] == 0.2
+    c.release(1, 0, torch.zeros(0), {"state": {}}, now=0.4)
+    status, tensor, _ = c.eval_poll(1, 1, 0.5)
+    assert status == "released" and tensor.item() == 3.0  # the corrected weights reach everyone
+    for r in (2, 3):
+        for rank in (0, 1):
+            c.submit(r, rank, torch.tensor([1.0]), {}, now=10.0 * r)
+        c.eval_poll(r, 0, 10.0 * r)
+        c.eval_open(r, 0, torch.tensor([1.0]), {}, now=10.0 * r)
+        assert _work(c, r, 0, 10.0 * r) == (0, 0) and _work(c, r, 1, 10.0 * r) == (0, 1)
+
+
 def test_the_next_round_starts_without_a_trainer_that_never_picks_up_the_release():
     c = _coord()
     for rank in range(3):
@@ -334,8 +359,11 @@ def _nothing_left(run_dir) -> None:
 @pytest.mark.parametrize("variant", ["random", "supernode", "psgd-pa", "llcg"])
 def test_each_variant_trains_averages_and_evaluates_on_two_machines(tmp_path, variant):
     run_dir = tmp_path / "run"
+    # LLCG evaluates only the last of its 2 rounds (train.eval_every=2): round 1 is averaged,
+    # corrected and released without an evaluation
+    every = 2 if variant == "llcg" else 1
     r = _launch(run_dir, "cluster.machines=2", f"pipeline.variant={variant}", "pipeline.time_limit_s=8",
-                "pipeline.sync_every_s=4")
+                "pipeline.sync_every_s=4", f"train.eval_every={every}")
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     assert f"result: pipeline=tma/{variant}" in r.stdout
     s = _summary(run_dir)
@@ -358,12 +386,15 @@ def test_each_variant_trains_averages_and_evaluates_on_two_machines(tmp_path, va
     assert all(c["trainers"] == [0, 1] and set(c["steps"]) == {"0", "1"} for c in curve)
     assert sum(c["averaging_bytes"] for c in curve) == s["averaging_bytes"] - 4 * s["param_bytes"]  # - round 0
     assert curve[1]["train_time_s"] > curve[0]["train_time_s"] >= 4
+    evaluated = [c["round"] for c in curve if "val" in c]
+    assert evaluated == ([2] if every == 2 else [1, 2]) and s["best_epoch"] in evaluated
+    assert [c["round"] for c in curve if "eval_s" in c] == evaluated
     if importlib.util.find_spec("tensorboard") is not None:  # the evaluator's event file, per round
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
         acc = EventAccumulator(str(run_dir))
         acc.Reload()
-        assert [e.step for e in acc.Scalars(f"eval/val_{s['metric']}")] == [1, 2]
+        assert [e.step for e in acc.Scalars(f"eval/val_{s['metric']}")] == evaluated
         assert [e.value for e in acc.Scalars("run/averaging_bytes")] == [c["averaging_bytes"] for c in curve]
     assert (run_dir / "best_model.pt").is_file() and (run_dir / "tma_rank1.pt").is_file()
     # the averaging itself: after the last round every trainer holds the same model (the mean, or

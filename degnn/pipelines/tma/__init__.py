@@ -14,8 +14,8 @@ edges dropped, no feature traffic), replaced by the mean of the live trainers' m
 A round (rounds.py drives it, service.py has the protocol): every trainer trains for `sync_every_s` seconds
 of wall time at its own pace (this class's `step`, finishing the step under way), submits its
 parameters to the averaging service on graph server 0 and gets the (by default unweighted) mean
-of whoever submitted by the deadline; its Adam state stays its own. Then the live trainers
-evaluate the averaged model together (evaluation.py: layer-wise full-neighbour inference on the
+of whoever submitted by the deadline; its Adam state stays its own. Then (every
+`train.eval_every`-th round and the last) the live trainers evaluate the averaged model together (evaluation.py: layer-wise full-neighbour inference on the
 DistGraph, each trainer computing units of nodes the coordinator hands out, no process holding the
 whole graph), outside everyone's training clock (the paper's clock); the lowest contributing rank
 leads: it records the round and releases it. Round 0 only hands every trainer the lowest rank's
@@ -195,7 +195,8 @@ class TMAPipeline(Pipeline):
         return {"active": self.active, "start_timeout_s": start_timeout_s,
                 "round_timeout_s": float(p.round_timeout_s),
                 "evaluator_timeout_s": float(p.evaluator_timeout_s),
-                "corrects": p.variant == "llcg" and p.corr_steps > 0, **self.evaluation.plan()}
+                "corrects": p.variant == "llcg" and p.corr_steps > 0, **self.evaluation.plan(),
+                "eval_every": int(self.cfg.train.eval_every), "rounds_total": self.rounds_total}
 
     def round_bytes(self) -> int:
         """Averaging bytes of one trainer a round: parameters up, the mean down (LLCG: the

@@ -5,7 +5,8 @@ One round r (service.py has the protocol on graph server 0):
 
     train: the pipeline's steps for `sync_every_s` seconds of wall time (the step under way is finished)
     -> submit the flat parameters and this trainer's stats -> poll until the round closes and
-    take the mean of whoever submitted in time -> the evaluation (`evaluate_round`): every live
+    take the mean of whoever submitted in time -> the evaluation (`evaluate_round`; only every
+    `train.eval_every`-th round and the last, the others are just recorded and released): every live
     trainer computes the units of it the coordinator hands out (layer rows, then scores; LLCG:
     once the round's lead, the lowest contributing rank, has corrected the mean); the lead gets
     the metric over every unit, writes the curve line, the best model and the shared checkpoint,
@@ -197,37 +198,46 @@ class RoundLoop:
             raise Replaced()
 
     def lead_round(self, r: int, meta: dict, round_s: float) -> None:
-        """Record round r's evaluation (the metric over every unit) and release the round."""
+        """Record round r (with its evaluation's metric over every unit, when the round was
+        evaluated) and release it."""
         p, rec = self.p, self.record
         state = rec.state
         p.eval_round = r
-        sums = meta["sums"]
-        val, test = (sums[k][0] / sums[k][1] if sums[k][1] else 0.0 for k in ("val", "test"))
         corr_s = meta["corr_s"]  # correction is LLCG's training
         state["train_time_s"] += round_s + corr_s
         state["epoch_times"].append(round_s + corr_s)
-        rec.keep_best(val, test, r)
         state["epoch"] = r
         state["trainers_alive"] = len(meta["contributors"])
         state["all_alive"] = sorted(meta["contributors"]) == sorted(p.active) and not meta["dead"]
-        state["eval_counts"] = {k: int(sums[k][1]) for k in ("val", "test")}
         stats = meta["stats"]
         record = {"round": r, "local_epochs": round(min(s.get("local_epochs", 0.0) for s in stats.values()), 3),
-                  "train_time_s": round(state["train_time_s"], 3), "wall_s": round(time.time() - self.wall0, 3),
-                  "val": val, "test": test, "trainers": meta["contributors"],
-                  "steps": {str(k): s.get("round_steps", 0) for k, s in stats.items()},
-                  "round_time_s": round(round_s + corr_s, 3),
-                  # parameters up and the mean down per contributor (LLCG: the corrected weights too)
-                  "averaging_bytes": p.round_bytes() * len(meta["contributors"]),
-                  "loss": self.mean_loss(stats),
-                  # the evaluation: nodes (link task: edges) scored, who computed units, how many
-                  # units a trainer computed for another partition's, its wall time
-                  "eval_counts": state["eval_counts"], "eval_trainers": meta["workers"],
-                  "eval_handed_on": meta["handed_on"], "eval_s": round(meta["eval_s"], 3)}
+                  "train_time_s": round(state["train_time_s"], 3), "wall_s": round(time.time() - self.wall0, 3)}
+        evaluated = meta["evaluated"]
+        if evaluated:
+            sums = meta["sums"]
+            val, test = (sums[k][0] / sums[k][1] if sums[k][1] else 0.0 for k in ("val", "test"))
+            rec.keep_best(val, test, r)
+            state["eval_counts"] = {k: int(sums[k][1]) for k in ("val", "test")}
+            record.update(val=val, test=test)
+        record.update({"trainers": meta["contributors"],
+                       "steps": {str(k): s.get("round_steps", 0) for k, s in stats.items()},
+                       "round_time_s": round(round_s + corr_s, 3),
+                       # parameters up and the mean down per contributor (LLCG: the corrected weights too)
+                       "averaging_bytes": p.round_bytes() * len(meta["contributors"]),
+                       "loss": self.mean_loss(stats)})
+        if evaluated:
+            # the evaluation: nodes (link task: edges) scored, who computed units, how many units
+            # a trainer computed for another partition's, its wall time
+            record.update(eval_counts=state["eval_counts"], eval_trainers=meta["workers"],
+                          eval_handed_on=meta["handed_on"], eval_s=round(meta["eval_s"], 3))
+            p.log.info("round %d/%d: val %.4f, test %.4f, %d trainers (%s steps), %.1fs%s; evaluated by %s in %.1fs",
+                       r, p.rounds_total, val, test, len(meta["contributors"]), record["steps"], round_s + corr_s,
+                       f", llcg correction {corr_s:.2f}s" if corr_s else "", meta["workers"], meta["eval_s"])
+        else:
+            p.log.info("round %d/%d: %d trainers (%s steps), %.1fs%s; not evaluated (train.eval_every=%d)",
+                       r, p.rounds_total, len(meta["contributors"]), record["steps"], round_s + corr_s,
+                       f", llcg correction {corr_s:.2f}s" if corr_s else "", self.cfg.train.eval_every)
         rec.curve(record)
-        p.log.info("round %d/%d: val %.4f, test %.4f, %d trainers (%s steps), %.1fs%s; evaluated by %s in %.1fs",
-                   r, p.rounds_total, val, test, len(meta["contributors"]), record["steps"], round_s + corr_s,
-                   f", llcg correction {corr_s:.2f}s" if corr_s else "", meta["workers"], meta["eval_s"])
         for line in meta.get("log", [])[len(state.get("coordinator_log", [])):]:
             p.log.warning("coordinator: %s", line)
         state["coordinator_log"] = list(meta.get("log", []))

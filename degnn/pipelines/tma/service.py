@@ -13,8 +13,9 @@ starts identical, and the training clocks start together):
      is counted dead (it re-joins if it submits a later round). The answer is the weighted mean
      of the submissions, who contributed, and who leads the evaluation (the lowest contributing
      rank);
-  3. the evaluation of the mean, split over the live trainers (docs/design.md, "TMA's
-     evaluation"): every trainer `eval_poll`s and is given one unit of work at a time (a layer's
+  3. the evaluation of the mean (every `train.eval_every`-th round and the last; in the
+     others the lead only records and releases the round, step 4), split over the live
+     trainers (docs/design.md, "TMA's evaluation"): every trainer `eval_poll`s and is given one unit of work at a time (a layer's
      output for a range of nodes, or the scores of a share of the validation and test set), its
      own partition's units first, then those of partitions whose trainer is not alive; a phase
      (a layer, then the scoring) is handed out once the previous one is done. A worker `beat`s
@@ -92,6 +93,7 @@ class _Round:
         self.handed_on = 0  # units computed by another trainer than their partition's
         self.workers: set = set()
         self.scored_t: Optional[float] = None
+        self.evaluated = True  # False: a round train.eval_every skips (averaged, not evaluated)
 
 
 class Coordinator:
@@ -99,12 +101,15 @@ class Coordinator:
 
     def __init__(self, active: List[int], round_timeout_s: float, start_timeout_s: float,
                  evaluator_timeout_s: float, homes: Optional[List[int]] = None, phases: int = 1,
-                 corrects: bool = False):
+                 corrects: bool = False, eval_every: int = 1, rounds_total: Optional[int] = None):
         # the evaluation's plan: homes[u] is the rank whose partition unit u covers (every phase
         # has the same units), `phases` the layers plus the scoring; LLCG opens it after correcting
         self.homes = list(homes) if homes is not None else list(active)
         self.phases = phases
         self.corrects = corrects
+        # rounds evaluated: every `eval_every`-th and the last (train.eval_every)
+        self.eval_every = max(1, int(eval_every))
+        self.rounds_total = rounds_total
         self.seen: Dict[int, float] = {}  # rank -> when it last sent anything
         self.alive = set(active)
         self.dead: set = set()
@@ -119,6 +124,9 @@ class Coordinator:
         if r not in self.rounds:
             self.rounds[r] = _Round()
         return self.rounds[r]
+
+    def evaluates(self, r: int) -> bool:
+        return r % self.eval_every == 0 or (self.rounds_total is not None and r >= self.rounds_total)
 
     def _close_if_due(self, r: int, now: float) -> None:
         rd = self._round(r)
@@ -138,6 +146,7 @@ class Coordinator:
         rd.evaluator = rd.first_evaluator = min(rd.contributors)
         rd.last_beat = rd.close_t = now
         if r > 0:
+            rd.evaluated = self.evaluates(r)
             rd.diverged = diverged_round(r, rd.contributors)
             if rd.diverged:
                 self.log.append(rd.diverged)
@@ -149,7 +158,10 @@ class Coordinator:
         rd.open_t = now
         rd.eval_model = model
         rd.phase = 0
-        rd.pending = set(range(len(self.homes)))
+        if rd.evaluated:
+            rd.pending = set(range(len(self.homes)))
+        else:  # nothing to compute: the lead records the round (no metric) and releases it
+            rd.scored_t = now
 
     def _count_dead(self, r: int, rd: _Round, rank: int, silent_s: float, now: float) -> None:
         self.alive.discard(rank)
@@ -259,7 +271,8 @@ class Coordinator:
         return "ok"
 
     def _eval_meta(self, rd: _Round) -> dict:
-        return {"sums": {k: list(v) for k, v in rd.sums.items()}, "corr_s": rd.corr_s,
+        return {"evaluated": rd.evaluated, "sums": {k: list(v) for k, v in rd.sums.items()},
+                "corr_s": rd.corr_s,
                 "eval_s": (rd.scored_t or 0.0) - (rd.open_t or 0.0), "handed_on": rd.handed_on,
                 "workers": sorted(rd.workers)}
 
@@ -419,7 +432,7 @@ class AvgRequest(rpc.Request):
                 m = self.meta
                 coord = _STATE["run"] = Coordinator(m["active"], m["round_timeout_s"], m["start_timeout_s"],
                                                     m["evaluator_timeout_s"], m["homes"], m["phases"],
-                                                    m["corrects"])
+                                                    m["corrects"], m.get("eval_every", 1), m.get("rounds_total"))
             return AvgResponse("ok", EMPTY, {})
         if coord is None:
             return AvgResponse("error", EMPTY, {"error": "coordinator not started (no hello)"})
