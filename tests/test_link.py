@@ -233,6 +233,8 @@ def test_bench_link_composes_into_valid_runs_under_one_budget():
                 assert cfg.dataset.task == "link" and cfg.cluster.machines == 4, suite.name
                 if cfg.dataset.name == "wordnet-link":
                     assert budget == 45
+                    if cfg.pipeline.name == "tma":  # at least 30 averaging rounds in the budget
+                        assert budget / cfg.pipeline.sync_every_s >= 30, suite.name
                     seen.add((cfg.pipeline.name, cfg.pipeline.get("variant"), cfg.model.name, cfg.cluster.bandwidth))
                     if cfg.pipeline.name == "lamp":
                         seen.add(("lamp", cfg.model.layers, cfg.cluster.bandwidth))
