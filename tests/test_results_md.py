@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from degnn.bench.records import as_run, current, read_records, write_records
 from degnn.bench.report import collect
-from degnn.bench.results_md import bench_names, render
+from degnn.bench.results_md import bench_names, render, render_details
 from degnn.bench.spread import overlap, ratio_cell, spread
 from degnn.config import BenchConfig, SuiteConfig
 
@@ -20,6 +20,13 @@ def test_committed_results_md_is_what_the_generator_writes_from_the_committed_re
     want = render(records, bench_names())
     got = (REPO / "benchmarks" / "RESULTS.md").read_text()
     assert got == want, "benchmarks/RESULTS.md is stale: run python -m degnn.bench.results_md and commit it"
+    details = (REPO / "benchmarks" / "DETAILS.md").read_text()
+    assert details == render_details(records), "benchmarks/DETAILS.md is stale: run python -m degnn.bench.results_md"
+    # the per-run breakdowns and the projection's grids live in DETAILS.md, linked from RESULTS.md;
+    # bench=projection keeps its projection, the subject of that bench
+    assert "### Where a batch's time goes" not in got and "### Where a batch's time goes" in details
+    assert got.count("### Projection to real clusters") == ("## bench=projection" in got)
+    assert "(DETAILS.md#benchheadline)" in got
 
 
 def test_spread_gives_median_min_max_and_says_when_ranges_overlap():

@@ -5,8 +5,9 @@ and runs.csv (one row per run, a column per summary key).
 The plots need matplotlib (`pip install 'degnn[bench]'`); without it the report says so in one line
 and has every table.
 
-`tables` lists the report's sections in their order, once: `write_report` writes them with the
-plots between them, degnn.bench.results_md (benchmarks/RESULTS.md) the same tables without plots.
+`sections` lists the report's sections in their order, once: `write_report` writes them with the
+plots between them, degnn.bench.results_md the same tables without plots (benchmarks/RESULTS.md,
+and the per-run breakdowns and projection grids in benchmarks/DETAILS.md).
 One file per part:
 
 - summaries.py: `collect` (a results folder -> one dict per run) and runs.csv
@@ -24,7 +25,7 @@ One file per part:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from ..compute_speed import compute_section
 from ..projection import projection_section
@@ -42,7 +43,7 @@ from .tma import tma_section
 
 __all__ = ["best_baseline", "breakdown_section", "collect", "comparisons", "label", "label_tv", "lamp_ablations",
            "lamp_section", "link_section", "median_epoch_s", "owners_section", "parity", "plot_note",
-           "prefetch_pairs", "table", "tables", "tma_section", "write_report"]
+           "prefetch_pairs", "sections", "table", "tables", "tma_section", "write_report"]
 
 
 def _figure(heading: Optional[str], alt: str, png: Optional[Path]) -> List[str]:
@@ -52,31 +53,34 @@ def _figure(heading: Optional[str], alt: str, png: Optional[Path]) -> List[str]:
     return ([f"## {heading}", ""] if heading else []) + [f"![{alt}]({png.name})", ""]
 
 
-def tables(runs: List[dict], out: Optional[Path] = None) -> List[str]:
-    """Every comparison section, in the report's order (each is empty without runs of its kind).
-    `out`: the results folder the plots go into, each where it stands between the tables; None:
-    the tables alone (RESULTS.md)."""
+def sections(runs: List[dict], out: Optional[Path] = None) -> List[Tuple[str, List[str]]]:
+    """Every comparison section, in the report's order, as (name, lines) (each empty without runs
+    of its kind). `out`: the results folder the plots go into, each where it stands between the
+    tables; None: the tables alone (degnn.bench.results_md)."""
     here = out or Path(".")
-    lines = comparisons(runs)
-    lines += parity(runs)
-    lines += prefetch_pairs(runs)
-    lines += link_section(runs)
-    lines += tma_section(runs, here, plots=out is not None)
-    lines += lamp_section(runs)
-    lines += lamp_ablations(runs)
-    lines += owners_section(runs)
+    parts = [("comparisons", comparisons(runs)), ("parity", parity(runs)), ("prefetch", prefetch_pairs(runs)),
+             ("link", link_section(runs)), ("tma", tma_section(runs, here, plots=out is not None)),
+             ("lamp", lamp_section(runs)), ("lamp_ablations", lamp_ablations(runs)),
+             ("owners", owners_section(runs))]
     if out is not None:
-        lines += _figure("Validation metric against training time", "curves", plot_curves(runs, out / "curves.png"))
-        lines += _figure("Bytes per batch", "bytes", plot_bytes(runs, out / "bytes_per_batch.png"))
-        lines += _figure("LAMP: bytes per batch against layers", "lamp bytes",
-                         plot_lamp_bytes(runs, out / "lamp_bytes_vs_layers.png"))
-    lines += breakdown_section(runs)
-    lines += scale_section(runs, here, plot_scale if out is not None else lambda rs, path: None)
+        figures = _figure("Validation metric against training time", "curves", plot_curves(runs, out / "curves.png"))
+        figures += _figure("Bytes per batch", "bytes", plot_bytes(runs, out / "bytes_per_batch.png"))
+        figures += _figure("LAMP: bytes per batch against layers", "lamp bytes",
+                           plot_lamp_bytes(runs, out / "lamp_bytes_vs_layers.png"))
+        parts.append(("figures", figures))
+    parts.append(("breakdown", breakdown_section(runs)))
+    parts.append(("scale", scale_section(runs, here, plot_scale if out is not None else lambda rs, path: None)))
     if out is not None:
-        lines += _figure(None, "time per batch by phase", plot_breakdown(runs, out / "time_breakdown.png"))
-    lines += projection_section(runs, out)
-    lines += compute_section(runs)
-    return lines
+        parts.append(("figures", _figure(None, "time per batch by phase",
+                                         plot_breakdown(runs, out / "time_breakdown.png"))))
+    parts.append(("projection", projection_section(runs, out)))
+    parts.append(("compute", compute_section(runs)))
+    return parts
+
+
+def tables(runs: List[dict], out: Optional[Path] = None) -> List[str]:
+    """Every section's lines, in the report's order."""
+    return [line for _, lines in sections(runs, out) for line in lines]
 
 
 def write_report(results: Path, title: str = "degnn benchmark") -> Path:
