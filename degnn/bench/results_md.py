@@ -176,8 +176,15 @@ def render(records: List[dict], benches: List[str]) -> str:
              "checks that this file is what the generator writes. How records, repeats, CPU budgets "
              "and the time from launch work: [docs/benchmarks.md](../docs/benchmarks.md); each "
              f"bench's per-run breakdowns and projection grids: [{DETAILS_NAME}]({DETAILS_NAME}).", ""]
-    for name in sorted(by):
-        lines += bench_section(name, by[name])
+    sections = {name: bench_section(name, by[name]) for name in sorted(by)}
+    # what each bench's section holds, so that a reader finds a table without scrolling through all
+    lines += ["Contents:", ""]
+    for name, section in sections.items():
+        tables = [line.lstrip("#").strip() for line in section if line.startswith("### ")]
+        lines.append(f"- [bench={name}](#bench{name}): " + (" · ".join(tables) or "run summaries"))
+    lines.append("")
+    for section in sections.values():
+        lines += section
     missing = [b for b in benches if b not in by]
     if missing:
         lines += ["## Benches without current records", "",
