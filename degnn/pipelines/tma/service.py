@@ -15,9 +15,10 @@ starts identical, and the training clocks start together):
      rank);
   3. the evaluation of the mean (every `train.eval_every`-th round and the last; in the
      others the lead only records and releases the round, step 4), split over the live
-     trainers (docs/design.md, "TMA's evaluation"): every trainer `eval_poll`s and is given one unit of work at a time (a layer's
-     output for a range of nodes, or the scores of a share of the validation and test set), its
-     own partition's units first, then those of partitions whose trainer is not alive; a phase
+     trainers (docs/design.md, "TMA's evaluation"): every trainer `eval_poll`s and is given one
+     unit of work at a time (a layer's output for a range of nodes, or the scores of a share of
+     the validation and test set), its own partition's units first, then those of partitions
+     whose trainer is not alive; a phase
      (a layer, then the scoring) is handed out once the previous one is done. A worker `beat`s
      while it computes a unit and reports it with `eval_done` (the scoring: its metric sums).
      LLCG: the evaluation opens once the lead has corrected the mean (`eval_open` with the
