@@ -288,3 +288,19 @@ def test_report_has_the_papers_table_1_for_links(tmp_path):
             "(bar, at most 1 point below: met)") in text
     # validation MRR against training time, one plot per bandwidth and model
     assert (tmp_path / "tma-curves-wordnet-link-100mbit-sage.png").stat().st_size > 1000
+
+
+def test_lamp_table_compares_epoch_times_only_with_distdgl_epochs_of_a_whole_pass():
+    """bench=link cuts distdgl's epochs to 10 batches (train.batches_per_epoch): such an epoch is
+    not a lamp epoch's pass over the training edges, so no epoch-time ratio is given for it."""
+    from degnn.bench.report import lamp_ablations
+
+    base = {"status": "ok", "dataset": "wordnet-link", "layers": 2, "bandwidth": "1gbit", "trainers": 4}
+    lamp = {**base, "pipeline": "lamp", "prefetch": 1, "_rel": "lamp-L2/0", "batches": 400, "epochs": 1,
+            "epoch_times_s": [10.0]}
+    cut = {**base, "pipeline": "distdgl", "_rel": "distdgl-1gbit/0", "batches": 160, "epochs": 4,
+           "epoch_times_s": [1.5, 1.5, 1.5, 1.5]}
+    whole = {**cut, "batches": 1600, "epoch_times_s": [15.0] * 4}
+    row = lambda runs: next(line for line in lamp_ablations(runs) if line.startswith("| lamp-L2"))  # noqa: E731
+    assert "| – / 10.00 | – |" in row([lamp, cut])
+    assert "| 15.00 / 10.00 | **1.50x** |" in row([lamp, whole])
