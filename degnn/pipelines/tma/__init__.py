@@ -15,10 +15,11 @@ A round (rounds.py drives it, service.py has the protocol): every trainer trains
 of wall time at its own pace (this class's `step`, finishing the step under way), submits its
 parameters to the averaging service on graph server 0 and gets the (by default unweighted) mean
 of whoever submitted by the deadline; its Adam state stays its own. Then (every
-`train.eval_every`-th round and the last) the live trainers evaluate the averaged model together (evaluation.py: layer-wise full-neighbour inference on the
-DistGraph, each trainer computing units of nodes the coordinator hands out, no process holding the
-whole graph), outside everyone's training clock (the paper's clock); the lowest contributing rank
-leads: it records the round and releases it. Round 0 only hands every trainer the lowest rank's
+`train.eval_every`-th round and the last) the live trainers evaluate the averaged model together
+(evaluation.py: layer-wise full-neighbour inference on the DistGraph, each trainer computing units
+of nodes the coordinator hands out, no process holding the whole graph), outside everyone's
+training clock (the paper's clock); the lowest contributing rank leads: it records the round and
+releases it. Round 0 only hands every trainer the lowest rank's
 initial weights and starts the clocks together. The last round ends at `time_limit_s`.
 
 No torch.distributed at all (Pipeline.tolerates_trainer_faults): a trainer that dies is left out of

@@ -5,9 +5,9 @@ One round r (service.py has the protocol on graph server 0):
 
     train: the pipeline's steps for `sync_every_s` seconds of wall time (the step under way is finished)
     -> submit the flat parameters and this trainer's stats -> poll until the round closes and
-    take the mean of whoever submitted in time -> the evaluation (`evaluate_round`; only every
-    `train.eval_every`-th round and the last, the others are just recorded and released): every live
-    trainer computes the units of it the coordinator hands out (layer rows, then scores; LLCG:
+    take the mean of whoever submitted in time -> the evaluation (`evaluate_round`; every
+    `train.eval_every`-th round and the last, the others are only recorded and released): every
+    live trainer computes the units of it the coordinator hands out (layer rows, then scores; LLCG:
     once the round's lead, the lowest contributing rank, has corrected the mean); the lead gets
     the metric over every unit, writes the curve line, the best model and the shared checkpoint,
     and releases the round (a dead lead or worker is replaced) -> each trainer saves its own

@@ -18,9 +18,9 @@ starts identical, and the training clocks start together):
      trainers (docs/design.md, "TMA's evaluation"): every trainer `eval_poll`s and is given one
      unit of work at a time (a layer's output for a range of nodes, or the scores of a share of
      the validation and test set), its own partition's units first, then those of partitions
-     whose trainer is not alive; a phase
-     (a layer, then the scoring) is handed out once the previous one is done. A worker `beat`s
-     while it computes a unit and reports it with `eval_done` (the scoring: its metric sums).
+     whose trainer is not alive; a phase (a layer, then the scoring) is handed out once the
+     previous one is done. A worker `beat`s while it computes a unit and reports it with
+     `eval_done` (the scoring: its metric sums).
      LLCG: the evaluation opens once the lead has corrected the mean (`eval_open` with the
      corrected weights, which go to every trainer with its first unit or the release);
   4. when every unit of the scoring is done, the lead is answered `scored` (the metric over
