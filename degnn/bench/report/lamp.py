@@ -197,9 +197,10 @@ def lamp_ablations(runs: List[dict]) -> List[str]:
 
 
 def _same_epochs(a: dict, b: dict) -> bool:
-    """Whether two runs' epochs are about the same number of batches a trainer (within 1.5x)."""
+    """Whether two runs' epochs are about the same number of batches a trainer (within 1.5x);
+    a run that does not say how many batches it ran is taken at its word."""
     na, nb = batches_per_epoch(a), batches_per_epoch(b)
-    return bool(na and nb) and max(na, nb) / min(na, nb) <= 1.5
+    return not (na and nb) or max(na, nb) / min(na, nb) <= 1.5
 
 
 def _bytes_picks(ok: List[dict]) -> Dict[tuple, dict]:
