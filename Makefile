@@ -31,8 +31,10 @@ test: setup
 # each bench config writes its own report under benchmarks/results/
 BENCHES ?= headline target default parity tma lamp link
 
+# the netns links' measured efficiency first (the projection in every report reads it)
 bench: setup
-	set -e; for b in $(BENCHES); do $(VPY) -m degnn.bench bench=$$b; done; $(VPY) -m degnn.bench.results_md
+	set -e; $(VPY) -m degnn.bench.link_probe; for b in $(BENCHES); do $(VPY) -m degnn.bench bench=$$b; done; \
+	$(VPY) -m degnn.bench.results_md
 
 bench-quick: setup
 	$(VPY) -m degnn.bench bench=quick && $(VPY) -m degnn.bench.results_md

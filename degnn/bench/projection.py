@@ -19,14 +19,27 @@ degnn.metrics.PhaseTimer (summary `time_per_batch_s`):
   run's link (netns adds no delay: latency 0). Everything that is not bytes on the link counts as
   CPU and scales with the speed, the all-reduce's wait for the slowest trainer included.
 
+Link efficiency: a netns link (tc tbf) does not give DistDGL's pull, several TCP flows at once, its
+nominal rate (and gives a transfer shorter than its burst more). degnn.bench.link_probe measures
+the delivered share by bandwidth and bytes per peer (`benchmarks/records/network.jsonl`); a netns
+run's bytes take its rate times that efficiency (`Efficiencies.at`, at each phase's bytes over the
+W - 1 peers), in the calibration and in the check. The grid's links (real ones) run at their
+nominal rate.
+
 Overlap: lamp with `prefetch` >= 1 has the owners' round of the next batch in flight while the
 trainer trains, so its wait is max(0, owners' bytes and round trips - the rest of the batch) plus
 the owner wait's CPU part. distdgl calibrated on a synchronous run can be predicted with a
-prefetching loader (`prefetch=1`): sampling and the feature pull overlap training, a batch takes
-the longer of the two (and, where the loader shares the machine's CPU, at least their CPU
-together); a prefetching distdgl run's phases are what its overlap left exposed, and are predicted
-as they are. Whatever overlaps, a batch cannot be faster than its machine's link carrying every
-byte of it.
+prefetching loader (`prefetch=1`): sampling and the feature pull overlap the model's step, but the
+all-reduce that ends the step shares the machine's link with the pull in flight and waits behind
+it (a link's queue is first in, first out), so a batch takes the longer of loader and step, then
+the all-reduce; where the loader shares the machine's CPU, at least every CPU part together. A
+prefetching distdgl run calibrates the same model inverted: its loader thread's own times
+(`prefetch_sampling_s_per_batch`, `prefetch_pull_s_per_batch`) are the loader, its compute and
+other phases the step, and the all-reduce what the batch took beyond the longer of the two (a run
+without the loader's times: its phases as they are, the pull hidden). The check predicts a
+prefetching run from the synchronous runs of its setting where there are any (its loader
+modelled): that tests the overlap model the grid uses. Whatever overlaps, a batch cannot be faster
+than its machine's link carrying every byte of it.
 
 Speed 1x is one core of the calibrating host per machine: a run at `cluster.cpus_per_machine` c
 calibrates at speed c. An epoch is the run's batches per trainer times the batch time.
@@ -37,10 +50,11 @@ without one, from distdgl's compute and other phases; averaging sends the parame
 service on machine 0 and the mean back, (W - 1) parameter copies each way on that machine's link.
 
 The check (`checks`): every distdgl and lamp run is predicted from each other run of its group
-(same config but for the link and the CPU budget), with the target's speed from its CPU budget and
-from its compute phase against the calibration's (the speed it got; a shared host may deliver less
-than the budget). The projected grid (`calibrations`) uses, per pipeline, the run of its defaults
-whose compute took the fewest CPU-seconds a batch.
+(same config but for the link, the CPU budget and distdgl's loop; synchronous distdgl runs
+calibrate where the group has any), with the target's speed from its CPU budget and from its
+compute phase against the calibration's (the speed it got; a shared host may deliver less than
+the budget). The projected grid (`calibrations`) uses, per pipeline, the run of its defaults
+(distdgl: synchronous first) whose compute took the fewest CPU-seconds a batch.
 
 `python -m degnn.bench.projection <results folder>` writes projection.md and projection.png there.
 """
@@ -90,7 +104,16 @@ class Calibration:
     prefetch: int = 0
     param_bytes: Optional[float] = None  # TMA: one copy of the model
     sync_every_s: Optional[float] = None
-    exposed: bool = False  # distdgl measured with its prefetch: the phases are what it left exposed
+    exposed: bool = False  # distdgl measured with its prefetch (calibrate: its loader thread's times)
+    hidden_bytes: Dict[str, float] = field(default_factory=dict)  # exposed: the loader's, for the link bound
+
+
+def net_s(by: Dict[str, float], bandwidth: float, peers: int, links=None) -> Dict[str, float]:
+    """Seconds each phase's bytes take on a link of `bandwidth` bytes/s: at the efficiency `links`
+    (degnn.bench.link_probe.Efficiencies) measured for its bytes per peer, else at the rate."""
+    if math.isinf(bandwidth):
+        return {p: 0.0 for p in by}
+    return {p: b / (bandwidth * (links.at(bandwidth, b / max(1, peers)) if links else 1.0)) for p, b in by.items()}
 
 
 def phase_bytes(s: dict) -> Dict[str, float]:
@@ -148,9 +171,9 @@ def tma_phases(s: dict) -> Optional[Dict[str, float]]:
     return {"compute": len(rates) / sum(rates)} if s.get("pipeline") == "tma" and rates else None
 
 
-def calibrate(s: dict, latency_s: float = 0.0) -> Calibration:
+def calibrate(s: dict, latency_s: float = 0.0, links=None) -> Calibration:
     """Per-batch CPU, bytes and round trips of run `s` (a summary.json dict); `latency_s`: the
-    round trip of the run's own links (netns: 0)."""
+    round trip of the run's own links (netns: 0); `links`: their measured efficiency."""
     phases = s.get("time_per_batch_s") or tma_phases(s)
     if not phases or not s.get("batches"):
         raise ValueError(f"run {s.get('_rel', s.get('pipeline'))} has no time_per_batch_s or batches: "
@@ -161,37 +184,53 @@ def calibrate(s: dict, latency_s: float = 0.0) -> Calibration:
     rt = round_trips(s)
     prefetch = int(s.get("prefetch") or 0)
     exposed = s.get("pipeline") == "distdgl" and prefetch > 0
-    if exposed:
+    hidden = {}
+    loader = (s.get("prefetch_sampling_s_per_batch"), s.get("prefetch_pull_s_per_batch"))
+    if exposed and None not in loader:
+        # the loader thread's own times stand for the loop's sampling and pull; the all-reduce is
+        # what the batch took beyond the longer of loader and step (batch_time's overlap, inverted)
+        total = sum(phases.get(p, 0.0) for p in PHASES)
+        step = sum(phases.get(p, 0.0) for p in PHASES if p not in LOADER and p != "allreduce")
+        phases = {**phases, "sampling": loader[0], "owner_wait": loader[1],
+                  "allreduce": max(0.0, total - max(sum(loader), step))}
+    elif exposed:
         prefetch = 0  # its phases are what the overlap left exposed: predicted as they are
+        hidden = {p: by.pop(p) for p in LOADER if p in by}  # the pull overlapped: only the link bound sees it
+    machines = int(s.get("machines") or 1)
+    link_s = net_s(by, b, machines - 1, links)
     cpu = {}
     for p in PHASES:
-        net = by.get(p, 0.0) / b + rt.get(p, 0.0) * latency_s
+        net = link_s.get(p, 0.0) + rt.get(p, 0.0) * latency_s
         cpu[p] = max(0.0, phases.get(p, 0.0) - net)
     if s.get("pipeline") == "lamp" and prefetch:
         # the owner wait measured is what the rest of the batch left of the owners' round
         rest = sum(phases.get(p, 0.0) for p in PHASES if p != "owner_wait")
-        net = by.get("owner_wait", 0.0) / b + rt.get("owner_wait", 0.0) * latency_s
+        net = link_s.get("owner_wait", 0.0) + rt.get("owner_wait", 0.0) * latency_s
         cpu["owner_wait"] = max(0.0, phases.get("owner_wait", 0.0) - max(0.0, net - rest))
     return Calibration(pipeline=s.get("pipeline", "?"), source=s.get("_rel", "?"),
                        speed=float(s.get("cpus_per_machine") or 1.0),
-                       batches_per_epoch=batches_per_epoch(s), machines=int(s.get("machines") or 1),
+                       batches_per_epoch=batches_per_epoch(s), machines=machines,
                        cpu_s=cpu, bytes=by, round_trips=rt, prefetch=prefetch,
-                       param_bytes=s.get("param_bytes"), sync_every_s=s.get("sync_every_s"), exposed=exposed)
+                       param_bytes=s.get("param_bytes"), sync_every_s=s.get("sync_every_s"), exposed=exposed,
+                       hidden_bytes=hidden)
 
 
 def batch_time(c: Calibration, bandwidth: float, speed: float, latency_s: float = 0.0,
                prefetch: Optional[int] = None, shared_cpu: bool = True,
-               model_speed: Optional[float] = None) -> float:
+               model_speed: Optional[float] = None, links=None) -> float:
     """Predicted seconds per batch at `bandwidth` (bytes/s), compute `speed` (1 = one core of the
     calibrating host) and `latency_s` per round trip. `shared_cpu`: the loader and the trainer
     share the machine's CPU (netns budgets); a real machine gives the loader cores of its own.
     `model_speed`: the model's step (the compute phase) alone at this speed, e.g. on a GPU, the
-    rest (sampling, LAMP's owners, histories) at `speed`."""
+    rest (sampling, LAMP's owners, histories) at `speed`. `links`: the measured efficiency of the
+    links at `bandwidth` (netns; None: the nominal rate)."""
     prefetch = c.prefetch if prefetch is None or c.exposed else prefetch
-    net = {p: c.bytes.get(p, 0.0) / bandwidth + c.round_trips.get(p, 0.0) * latency_s for p in PHASES}
+    peers = c.machines - 1
+    link_s = net_s(c.bytes, bandwidth, peers, links)
+    net = {p: link_s.get(p, 0.0) + c.round_trips.get(p, 0.0) * latency_s for p in PHASES}
     cpu = {p: c.cpu_s.get(p, 0.0) * c.speed / (model_speed if p == "compute" and model_speed else speed)
            for p in PHASES}
-    link = sum(c.bytes.values()) / bandwidth
+    link = sum(link_s.values()) + sum(net_s(c.hidden_bytes, bandwidth, peers, links).values())
     if c.pipeline == "tma":
         return sum(cpu.values())
     if c.pipeline == "lamp" and prefetch:
@@ -199,8 +238,12 @@ def batch_time(c: Calibration, bandwidth: float, speed: float, latency_s: float 
         t = rest + cpu["owner_wait"] + max(0.0, net["owner_wait"] - rest)
     elif c.pipeline == "distdgl" and prefetch:
         loader = sum(cpu[p] + net[p] for p in LOADER)
-        train = sum(cpu[p] + net[p] for p in PHASES if p not in LOADER)
-        t = max(loader, train, sum(cpu.values()) if shared_cpu else 0.0)
+        step = sum(cpu[p] + net[p] for p in PHASES if p not in LOADER and p != "allreduce")
+        # the all-reduce ends the step and waits behind the pull in flight on the same link; a
+        # shared CPU runs loader and step one after the other (a loader timed in its thread beside
+        # the step, c.exposed, holds that already)
+        shared = shared_cpu and not c.exposed
+        t = max(max(loader, step) + cpu["allreduce"] + net["allreduce"], sum(cpu.values()) if shared else 0.0)
     else:
         t = sum(cpu[p] + net[p] for p in PHASES)
     return max(t, link)
@@ -208,11 +251,11 @@ def batch_time(c: Calibration, bandwidth: float, speed: float, latency_s: float 
 
 def epoch_time(c: Calibration, bandwidth: float, speed: float, latency_s: float = 0.0,
                prefetch: Optional[int] = None, shared_cpu: bool = True,
-               batches: Optional[float] = None, model_speed: Optional[float] = None) -> float:
+               batches: Optional[float] = None, model_speed: Optional[float] = None, links=None) -> float:
     """Predicted seconds of one epoch (`batches` per trainer; default the calibration run's).
     TMA adds an averaging round every `sync_every_s` seconds of training."""
     n = c.batches_per_epoch if batches is None else batches
-    train = n * batch_time(c, bandwidth, speed, latency_s, prefetch, shared_cpu, model_speed)
+    train = n * batch_time(c, bandwidth, speed, latency_s, prefetch, shared_cpu, model_speed, links)
     if c.pipeline == "tma" and c.param_bytes and c.sync_every_s:
         per_round = (c.machines - 1) * c.param_bytes / bandwidth + 2 * latency_s
         train += train / c.sync_every_s * per_round
@@ -271,17 +314,25 @@ def fmt_rate(bps: float) -> str:
 # ---------------------------------------------------------------- the check against measurement
 
 def _group_key(s: dict):
-    """Runs of one group differ in their link and CPU budget only (their dataset and config.yaml
+    """Runs of one group differ in their link and CPU budget only, and distdgl's in its loop
+    (`prefetch`: the model predicts one loop from the other) (their dataset and config.yaml
     otherwise: a record's settings leave the dataset out)."""
+    distdgl = s.get("pipeline") == "distdgl"
     cfg = s.get("_config")
     if cfg:
         cfg = json.loads(json.dumps(cfg, default=str))
         for key in ("bandwidth", "cpus_per_machine"):
             (cfg.get("cluster") or {}).pop(key, None)
+        if distdgl:
+            (cfg.get("pipeline") or {}).pop("prefetch", None)
         return json.dumps([s.get("dataset"), cfg], sort_keys=True)
     return (s.get("pipeline"), s.get("variant"), s.get("dataset"), s.get("layers"),
             tuple(s.get("fanouts") or ()), s.get("machines"), s.get("trainers"), s.get("bits"),
-            s.get("prefetch"), s.get("halo_cache"), s.get("roots"), s.get("engine"))
+            None if distdgl else s.get("prefetch"), s.get("halo_cache"), s.get("roots"), s.get("engine"))
+
+
+def _exposed(s: dict) -> bool:
+    return s.get("pipeline") == "distdgl" and bool(s.get("prefetch"))
 
 
 def _setting(s: dict) -> str:
@@ -312,24 +363,30 @@ def delivered_speed(target: dict, cal: Calibration) -> Optional[float]:
     return cal.speed * cal.cpu_s["compute"] / t if t and cal.cpu_s.get("compute") else None
 
 
-def checks(runs: List[dict]) -> List[dict]:
-    """Every run predicted from every other run of its group (same config but for the link and
-    the CPU budget): one row each, with the speed from the target's CPU budget (`predicted`) and
-    from its compute phase (`predicted_delivered`)."""
+def checks(runs: List[dict], links=None) -> List[dict]:
+    """Every run predicted from every other run of its group (same config but for the link, the
+    CPU budget and distdgl's loop; a prefetching distdgl run from the synchronous ones where its
+    group has any, its loader modelled): one row each, with the speed from the target's CPU budget
+    (`predicted`) and from its compute phase (`predicted_delivered`; not where the loops differ:
+    a prefetching run's compute phase holds the loader thread's share of the CPU too). `links`:
+    the netns links' measured efficiency (degnn.bench.link_probe)."""
     groups: Dict[object, List[dict]] = {}
     for s in usable(runs):
         groups.setdefault(_group_key(s), []).append(s)
     rows = []
     for members in groups.values():
+        synchronous = [s for s in members if not _exposed(s)]
         for target in members:
-            for src in members:
-                if src is target:
+            for src in (synchronous or members):
+                if src is target or (_exposed(src) and not _exposed(target)):
                     continue
-                cal = calibrate(src)
+                cal = calibrate(src, links=links)
                 bw, n, meas = rate(bandwidth(target)), batches_per_epoch(target), measured_epoch(target)
-                pred = epoch_time(cal, bw, float(target.get("cpus_per_machine") or 1.0), batches=n)
-                speed = delivered_speed(target, cal)
-                got = epoch_time(cal, bw, speed, batches=n) if speed else None
+                loop = int(target.get("prefetch") or 0) if target.get("pipeline") == "distdgl" else None
+                pred = epoch_time(cal, bw, float(target.get("cpus_per_machine") or 1.0), batches=n,
+                                  prefetch=loop, links=links)
+                speed = delivered_speed(target, cal) if _exposed(src) == _exposed(target) else None
+                got = epoch_time(cal, bw, speed, batches=n, prefetch=loop, links=links) if speed else None
                 rows.append({"target": target, "source": src, "measured": meas, "predicted": pred,
                              "error": error(pred, meas), "predicted_delivered": got,
                              "error_delivered": error(got, meas) if got else None,
@@ -341,7 +398,7 @@ def _kind(src: dict, target: dict) -> str:
     same_bw = bandwidth(src) == bandwidth(target)
     same_cpu = src.get("cpus_per_machine") == target.get("cpus_per_machine")
     if same_bw and same_cpu:
-        return "repeat"
+        return "same link and CPU"
     return "CPU" if same_bw else ("bandwidth" if same_cpu else "bandwidth + CPU")
 
 
@@ -377,26 +434,28 @@ def _pick(runs: List[dict], pipeline: str, like: Optional[dict] = None) -> Optio
     def rank(s):
         # then the run whose machines got most of their CPU budget: the least CPU-seconds a
         # batch's compute took (a host shared with other jobs delivers less than the budget)
+        # distdgl: the synchronous loop first (its phases part the pull's CPU from its bytes)
         defaults = sum(s.get(k, v) == v for k, v in DEFAULTS.get(pipeline, {}).items())
         compute = (s.get("time_per_batch_s") or tma_phases(s))["compute"]
-        return (defaults, -compute * (s.get("cpus_per_machine") or 1.0))
+        return (not _exposed(s), defaults, -compute * (s.get("cpus_per_machine") or 1.0))
 
     return max(cands, key=rank)
 
 
-def calibrations(runs: List[dict], sync_every_s: float = 5.0) -> Dict[str, Calibration]:
+def calibrations(runs: List[dict], sync_every_s: float = 5.0, links=None) -> Dict[str, Calibration]:
     """distdgl, lamp and tma calibrations of one dataset and model for the projection's grid (tma:
-    a RandomTMA run's time per batch, else distdgl's compute)."""
+    a RandomTMA run's time per batch, else distdgl's compute); `links`: the efficiency of the
+    calibrating runs' links (the grid's links are then nominal)."""
     linked = [s for s in runs if bandwidth(s)]
     # a distdgl run with a lamp run alike first (a bench whose largest graph only distdgl finished)
     base = _pick([s for s in linked if _pick(runs, "lamp", like=s)], "distdgl") or _pick(linked, "distdgl")
     if base is None:
         return {}
-    out = {"distdgl": calibrate(base)}
+    out = {"distdgl": calibrate(base, links=links)}
     for name in ("lamp", "tma"):
         s = _pick(runs, name, like=base)
         if s is not None:
-            out[name] = calibrate(s)
+            out[name] = calibrate(s, links=links)
     if "tma" in out and out["tma"].sync_every_s is None:
         out["tma"].sync_every_s = sync_every_s
     if "tma" not in out:
@@ -434,7 +493,7 @@ def _median(values: List[float]) -> float:
     return (v[len(v) // 2] + v[(len(v) - 1) // 2]) / 2
 
 
-KINDS = ("bandwidth", "CPU", "bandwidth + CPU", "repeat")
+KINDS = ("bandwidth", "CPU", "bandwidth + CPU", "same link and CPU")
 
 
 def compact_table(rows: List[dict]) -> List[str]:
@@ -444,7 +503,7 @@ def compact_table(rows: List[dict]) -> List[str]:
     for r in rows:
         by.setdefault(_setting(r["target"]), []).append(r)
     kinds = [k for k in KINDS if any(r["kind"] == k for r in rows)]
-    out = ["| setting | runs | measured epoch s | " + " | ".join(f"from other {k}" if k != "repeat" else "from a repeat"
+    out = ["| setting | runs | measured epoch s | " + " | ".join(f"from other {k}" if k != KINDS[-1] else f"from the {k}"
                                                       for k in kinds) + " | abs error | |",
            "|---|---|---|" + "---|" * (len(kinds) + 2)]
     for setting, rs in sorted(by.items()):
@@ -468,21 +527,27 @@ def compact_table(rows: List[dict]) -> List[str]:
                   "predictions with the speed delivered, and the verdict on that median.", ""]
 
 
-def projection_section(runs: List[dict], out: Optional[Path] = None, detail: bool = False) -> List[str]:
+def projection_section(runs: List[dict], out: Optional[Path] = None, detail: bool = False,
+                       links=None) -> List[str]:
     """The report's section: measured against predicted epochs, then the projected ratios and
     their crossovers (and projection.png in `out` where matplotlib is there); `detail`: every
-    prediction, one line each."""
-    rows = checks(runs)
-    cals = calibrations(runs)
+    prediction, one line each; `links`: the netns links' measured efficiency
+    (degnn.bench.link_probe.Efficiencies; None: nominal rates)."""
+    rows = checks(runs, links)
+    cals = calibrations(runs, links=links)
     if not rows and not ("distdgl" in cals and "lamp" in cals):
         return []
     lines = ["## Projection to real clusters", "",
              "degnn.bench.projection (docs/benchmarks.md): per-batch CPU, bytes and round trips from one "
              "measured run predict another run's epoch. Each row predicts the target from one other run "
-             "(across: CPU = same link, other CPU budget; bandwidth = same budget, other link). Measured = "
-             "mean epoch (training only) of the target. The compute speed of the target is its CPU budget, "
-             "or the speed it got: its compute phase against the calibration's (a host shared with other "
-             "jobs may deliver less than the budget); the verdict is on the latter.", ""]
+             "(across: CPU = same link, other CPU budget; bandwidth = same budget, other link); a "
+             "prefetching distdgl run from the synchronous runs of its setting, its loader modelled. "
+             "Measured = mean epoch (training only) of the target. The compute speed of the target is its "
+             "CPU budget, or the speed it got: its compute phase against the calibration's (a host shared "
+             "with other jobs may deliver less than the budget; not where the loops differ); the verdict is "
+             "on the latter. Bytes take "
+             + ("their link's rate times its measured efficiency (bench=network) on the netns links, the "
+                "nominal rate on the grid's." if links else "their link's nominal rate.") , ""]
     if rows:
         lines += compact_table(rows)
         if detail:
@@ -554,11 +619,12 @@ def plot_projection(cals: Dict[str, Calibration], path: Path) -> Optional[Path]:
 
 
 def write(results: Path) -> Path:
+    from .link_probe import Efficiencies
     from .report import collect
 
     results = Path(results)
     runs = collect(results)
-    lines = projection_section(runs, results, detail=True)
+    lines = projection_section(runs, results, detail=True, links=Efficiencies.committed())
     if not lines:
         raise SystemExit(f"degnn.bench.projection: no distdgl or lamp run with time_per_batch_s under {results}; "
                          "run `python -m degnn.bench bench=projection out=DIR` first")

@@ -19,8 +19,8 @@ One file per part:
 - lamp.py: bench=lamp (lamp beside distdgl, its ablations); owners.py: what the owners add
 - breakdown.py: where a batch's time goes
 - plots.py: every figure, in one colour per method
-- degnn.bench.scale, degnn.bench.projection and degnn.bench.compute_speed: the growth, projection
-  and GPU compute-speed sections
+- degnn.bench.scale, degnn.bench.projection, degnn.bench.compute_speed and degnn.bench.link_probe:
+  the growth, projection, GPU compute-speed and netns link-efficiency sections
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from ..compute_speed import compute_section
+from ..link_probe import Efficiencies, network_section
 from ..projection import projection_section
 from ..scale import scale_section
 from .breakdown import breakdown_section
@@ -73,8 +74,9 @@ def sections(runs: List[dict], out: Optional[Path] = None) -> List[Tuple[str, Li
     if out is not None:
         parts.append(("figures", _figure(None, "time per batch by phase",
                                          plot_breakdown(runs, out / "time_breakdown.png"))))
-    parts.append(("projection", projection_section(runs, out)))
+    parts.append(("projection", projection_section(runs, out, links=Efficiencies.committed())))
     parts.append(("compute", compute_section(runs)))
+    parts.append(("network", network_section(runs)))
     return parts
 
 
