@@ -47,7 +47,7 @@ SIZES = (250_000, 1_000_000, 4_000_000)  # bytes from each peer: wordnet's pull 
 # --- inside the namespaces ---------------------------------------------------------------------
 def serve(size: int) -> None:
     """Answer every request on PORT with the bytes it asks for (at most `size`), until killed."""
-    payload = b"\0" * size
+    payload = memoryview(b"\0" * size)
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind(("0.0.0.0", PORT))
@@ -82,26 +82,33 @@ def pull(me: int, peers: Sequence[str], size: int, rounds: int, start: float, ga
                     raise SystemExit(f"link_probe: machine {me} cannot reach {host}:{PORT}")
                 time.sleep(0.05)
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conns.append(c)
+        conns.append((host, c))
 
-    def fetch(c: socket.socket) -> None:
-        c.sendall(str(size).rjust(REQUEST).encode())
-        left = size
-        while left:
-            chunk = c.recv(min(left, 1 << 20))
-            if not chunk:
-                raise SystemExit(f"link_probe: machine {me}: a peer closed its connection")
-            left -= len(chunk)
+    errors: List[str] = []
+
+    def fetch(host: str, c: socket.socket) -> None:
+        try:
+            c.sendall(str(size).rjust(REQUEST).encode())
+            left = size
+            while left:
+                chunk = c.recv(min(left, 1 << 20))
+                if not chunk:
+                    raise OSError("the peer closed its connection")
+                left -= len(chunk)
+        except OSError as e:  # a timeout too: the round's time would be a lie
+            errors.append(f"{host}: {e}")
 
     times = []
     for k in range(rounds):
         time.sleep(max(0.0, start + k * gap_s - time.time()))
         t0 = time.perf_counter()
-        threads = [threading.Thread(target=fetch, args=(c,)) for c in conns]
+        threads = [threading.Thread(target=fetch, args=conn) for conn in conns]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        if errors:
+            raise SystemExit(f"link_probe: machine {me} could not pull: {errors[0]}")
         times.append(time.perf_counter() - t0)
     return times
 

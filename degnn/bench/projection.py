@@ -378,7 +378,7 @@ def checks(runs: List[dict], links=None) -> List[dict]:
         synchronous = [s for s in members if not _exposed(s)]
         for target in members:
             for src in (synchronous or members):
-                if src is target or (_exposed(src) and not _exposed(target)):
+                if src is target:
                     continue
                 cal = calibrate(src, links=links)
                 bw, n, meas = rate(bandwidth(target)), batches_per_epoch(target), measured_epoch(target)
@@ -567,7 +567,7 @@ def projection_section(runs: List[dict], out: Optional[Path] = None, detail: boo
         d = cals["distdgl"]
         lines += [f"Projected epoch-time ratios (below 1: faster than distdgl), latency {1e3 * LATENCY_S:.1f} ms a "
                   f"round trip, speed 1x = one core of this host per machine, distdgl "
-                  f"{'with its prefetch, as measured' if d.exposed else 'synchronous, as measured (and a modelled prefetching loader on cores of its own)'}; "
+                  f"{_loop_words(d)}; "
                   f"calibrated on {d.source} and {cals['lamp'].source}"
                   + (f" and {cals['tma'].source}" if "tma" in cals else "") + ".", ""]
         head = "| speed | " + " | ".join(BANDWIDTHS) + " | ratio = 1 at |"
@@ -585,6 +585,13 @@ def projection_section(runs: List[dict], out: Optional[Path] = None, detail: boo
             if png:
                 lines += [f"![projection]({png.name})", ""]
     return lines
+
+
+def _loop_words(d: Calibration) -> str:
+    if not d.exposed:
+        return "synchronous, as measured (and a modelled prefetching loader on cores of its own)"
+    return ("with its prefetching loader, calibrated on the loader thread's times" if d.prefetch
+            else "with its prefetching loader, its phases as measured")
 
 
 def plot_projection(cals: Dict[str, Calibration], path: Path) -> Optional[Path]:
