@@ -35,7 +35,7 @@ def comparisons(runs: List[dict]) -> List[str]:
     out = []
     acc_rows = []
     for key, s in sorted(by_key.items(), key=lambda kv: str(kv[0])):
-        pipe, ds, layers = s["pipeline"], s["dataset"], s.get("layers")
+        pipe, ds, layers = s["pipeline"], s.get("dataset"), s.get("layers")
         ref = refs.get((ds, layers))
         if pipe == "single" or ref is None or failure(s):
             continue
@@ -55,7 +55,7 @@ def comparisons(runs: List[dict]) -> List[str]:
                 *acc_rows, ""]
     growth = []
     for key, s in sorted(by_key.items(), key=lambda kv: str(kv[0])):
-        pipe, ds, layers = s["pipeline"], s["dataset"], s.get("layers")
+        pipe, ds, layers = s["pipeline"], s.get("dataset"), s.get("layers")
         deeper = by_key.get(key[:3] + ((layers or 0) + 1,) + key[4:])
         # bytes per batch grow with the batch too: only a pair of one batch size compares layers
         if pipe == "single" or deeper is None or \
