@@ -206,14 +206,14 @@ class Efficiencies:
     def committed(cls, records_dir: Optional[Path] = None) -> "Efficiencies":
         """From the current records of the checkout's benchmarks/records/network.jsonl (else the
         working directory's; none: every link nominal)."""
-        from .records import RECORDS_DIR, as_run, current, read_records
+        from .records import RECORDS_DIR, as_run, current
 
         checkout = Path(__file__).resolve().parents[2] / RECORDS_DIR
         path = Path(records_dir or (checkout if checkout.is_dir() else RECORDS_DIR)) / "network.jsonl"
         if not path.is_file():
             return cls({})
-        records = [r for r in current(read_records(path.parent)) if r["bench"] == "network"]
-        return cls.from_runs([as_run(r) for r in records])
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return cls.from_runs([as_run(r) for r in current(records)])
 
     def __bool__(self) -> bool:
         return bool(self.table)
