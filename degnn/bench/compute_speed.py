@@ -300,26 +300,16 @@ def record(folders: List[str], records_dir: str) -> Path:
     """Every measurement (*.json) of each folder as one record in `records_dir`/compute.jsonl, in
     degnn.bench.records' shape, all of one invocation: folder k is repeat k (a repeat runs each
     measurement once; the GPU's and this host's of one repeat may come from different machines)."""
-    from .records import git_commit, utc
+    from .records import append_measurements
 
-    invocation, commit = utc(time.time()), git_commit(Path.cwd())
-    lines = []
-    for rep, folder in enumerate(folders):
+    repeats = []
+    for folder in folders:
         paths = sorted(Path(folder).glob("*.json"))
         if not paths:
             raise SystemExit(f"{folder}: no *.json measurements in it")
-        for order, path in enumerate(paths):
-            r = json.loads(path.read_text())
-            suite = suite_name(r)
-            lines.append({"bench": "compute", "suite": suite, "repeat": rep, "order": order,
-                          "run": f"{suite}/r{rep}", "commit": commit, "invocation": invocation, "date": r["date"],
-                          "overrides": [], "settings": {}, "curve": [],
-                          "summary": {**r, "pipeline": "compute", "status": "ok"}})
-    out = Path(records_dir) / "compute.jsonl"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "a") as f:
-        f.write("".join(json.dumps(x, sort_keys=True, separators=(",", ":")) + "\n" for x in lines))
-    return out
+        measured = [json.loads(path.read_text()) for path in paths]
+        repeats.append([(suite_name(r), {**r, "pipeline": "compute", "status": "ok"}) for r in measured])
+    return append_measurements("compute", repeats, Path(records_dir))
 
 
 # --- the report's table (RESULTS.md, bench=compute) ------------------------------------------

@@ -163,21 +163,10 @@ def suite_name(r: dict) -> str:
 
 def record(results: List[List[dict]], records_dir: Path) -> Path:
     """The measurements (one list per repeat) as records of one invocation in network.jsonl."""
-    from .records import git_commit, utc
+    from .records import append_measurements
 
-    invocation, commit = utc(time.time()), git_commit(Path.cwd())
-    lines = []
-    for rep, repeat in enumerate(results):
-        for order, r in enumerate(repeat):
-            suite = suite_name(r)
-            lines.append({"bench": "network", "suite": suite, "repeat": rep, "order": order, "run": f"{suite}/r{rep}",
-                          "commit": commit, "invocation": invocation, "date": r["date"], "overrides": [],
-                          "settings": {}, "curve": [], "summary": r})
-    out = Path(records_dir) / "network.jsonl"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "a") as f:
-        f.write("".join(json.dumps(x, sort_keys=True, separators=(",", ":")) + "\n" for x in lines))
-    return out
+    return append_measurements("network", [[(suite_name(r), r) for r in repeat] for repeat in results],
+                               Path(records_dir))
 
 
 # --- what the projection and the report read -----------------------------------------------------

@@ -183,7 +183,7 @@ def calibrate(s: dict, latency_s: float = 0.0, links=None) -> Calibration:
     by = phase_bytes(s)
     rt = round_trips(s)
     prefetch = int(s.get("prefetch") or 0)
-    exposed = s.get("pipeline") == "distdgl" and prefetch > 0
+    exposed = _exposed(s)
     hidden = {}
     loader = (s.get("prefetch_sampling_s_per_batch"), s.get("prefetch_pull_s_per_batch"))
     if exposed and None not in loader:

@@ -135,19 +135,36 @@ def write_records(runs: List[dict], path: Path, bench: str, orders: Dict[Tuple[s
     """Append every run of this invocation to `path` (one JSON line each); the number written.
     `orders`: (suite, repeat) -> the suite's position in that repeat's order; `probes`: the same
     keys -> the host probe taken before that suite."""
-    lines = []
+    records = []
     for s in sorted(runs, key=lambda s: s["_rel"]):
         suite, rep = s["_rel"].split("/")[0], repeat_of(s["_rel"])
         if (suite, rep) not in orders:
             continue  # a run of an earlier invocation in the same results folder
-        record = make_record(s, bench, suite, rep, orders[(suite, rep)], invocation, commit,
-                             (probes or {}).get((suite, rep)))
-        lines.append(json.dumps(record, sort_keys=True, separators=(",", ":")))
-    if lines:
+        records.append(make_record(s, bench, suite, rep, orders[(suite, rep)], invocation, commit,
+                                   (probes or {}).get((suite, rep))))
+    return append(path, records)
+
+
+def append(path: Path, records: List[dict]) -> int:
+    """Append `records` to `path`, one compact JSON line each; the number written."""
+    if records:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a") as f:
-            f.write("".join(line + "\n" for line in lines))
-    return len(lines)
+            f.write("".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records))
+    return len(records)
+
+
+def append_measurements(bench: str, repeats: List[List[Tuple[str, dict]]], records_dir: Path) -> Path:
+    """Measurements taken outside the launcher (no job overrides, settings or curve) as the records
+    of one invocation in `records_dir`/<bench>.jsonl: `repeats[k]` is repeat k's (suite, summary)
+    pairs in the order they ran, each summary with its `date`."""
+    invocation, commit = utc(time.time()), git_commit(Path.cwd())
+    path = Path(records_dir) / f"{bench}.jsonl"
+    append(path, [{"bench": bench, "suite": suite, "repeat": rep, "order": order, "run": f"{suite}/r{rep}",
+                   "commit": commit, "invocation": invocation, "date": summary["date"], "overrides": [],
+                   "settings": {}, "curve": [], "summary": summary}
+                  for rep, repeat in enumerate(repeats) for order, (suite, summary) in enumerate(repeat)])
+    return path
 
 
 def read_records(root: Path) -> List[dict]:
