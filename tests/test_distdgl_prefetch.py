@@ -99,6 +99,29 @@ def test_a_thread_stuck_in_the_source_is_left_behind_after_join_s():
     gate.set()
 
 
+def test_without_release_on_take_the_thread_waits_for_the_callers_release():
+    """prefetch_pull=false: the thread samples the next batch only once the trainer has pulled
+    this one (one RPC client). Between a take and its release nothing new is made."""
+    src = Source(6)
+    pre = Prefetcher(src, 1, release_on_take=False)
+    got = []
+    for item in pre:
+        src.taken += 1
+        time.sleep(0.02)  # the caller's pull: the thread must not start the next item meanwhile
+        assert src.made == item + 1, (src.made, item)
+        got.append(item)
+        pre.release()
+    assert got == list(range(6)) and max(src.ahead) == 1
+    assert pre.close()
+
+
+def test_close_wakes_a_thread_waiting_for_a_release():
+    src = Source(100)
+    pre = Prefetcher(src, 1, release_on_take=False)
+    assert next(pre) == 0
+    assert pre.close() and src.made == 1  # it returned without making another
+
+
 def test_depth_must_be_positive():
     with pytest.raises(ValueError, match="depth must be >= 1"):
         Prefetcher(iter([]), 0)
@@ -111,4 +134,5 @@ def test_a_negative_prefetch_is_refused_before_anything_starts():
     cfg = compose_config(["pipeline=distdgl", "pipeline.prefetch=-1"])
     with pytest.raises(ValueError, match=r"pipeline.prefetch must be >= 0 .* got -1"):
         pipeline_class(cfg).prepare_launch(cfg, [])
-    assert compose_config(["pipeline=distdgl"]).pipeline.prefetch == 1  # the default: one batch ahead
+    default = compose_config(["pipeline=distdgl"]).pipeline
+    assert default.prefetch == 1 and default.prefetch_pull is False  # one batch sampled ahead

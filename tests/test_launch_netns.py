@@ -266,6 +266,9 @@ def test_real_distdgl_run(tmp_path):
     # DDP's mechanism: every trainer stepped on the same averaged gradients, so both end with
     # bit-identical parameters; and it learned (8 classes: chance is 0.125)
     assert s["params_agree"] is True and s["test"] > 0.125 + 0.2, s
+    # the default loader: a thread samples ahead, the trainer pulls (its owner_wait)
+    assert s["prefetch"] == 1 and s["prefetch_pull"] is False and s["prefetch_pull_s_per_batch"] is None, s
+    assert s["prefetch_sampling_s_per_batch"] > 0 and s["time_per_batch_s"]["owner_wait"] > 0, s
     assert s["net_bytes_total"] > 0 and s["net_bytes_per_batch"] > 0
     # The application's own byte count agrees with the veth counters of the training phase.
     # Measured here (3 runs): app 1.1% below wire; sampling is ~6.5% of the app bytes, features

@@ -178,7 +178,8 @@ def test_two_machines_train_links_with_distdgl_then_random_tma(tmp_path):
     common = ["dataset=synthetic-tiny-link", f"dataset.root={tmp_path / 'data'}", f"partition.root={tmp_path / 'parts'}",
               "cluster=netns", "cluster.machines=2", "model.hidden=32", "model.dropout=0", "train.lr=0.01",
               "train.batch_size=256"]
-    runs = {"distdgl": ["pipeline=distdgl", "train.epochs=3", "train.batches_per_epoch=25"],
+    # distdgl with the loader that pulls too (the node-task test runs the default, sampling only)
+    runs = {"distdgl": ["pipeline=distdgl", "train.epochs=3", "train.batches_per_epoch=25", "pipeline.prefetch_pull=true"],
             "tma": ["pipeline=tma", "pipeline.variant=random", "pipeline.time_limit_s=6", "pipeline.sync_every_s=3"]}
     summaries = {}
     for name, extra in runs.items():
@@ -194,6 +195,7 @@ def test_two_machines_train_links_with_distdgl_then_random_tma(tmp_path):
         assert "metric=mrr" in r.stdout
     d, t = summaries["distdgl"], summaries["tma"]
     assert d["epochs"] == 3 and d["batches"] == 3 * 25 * 2  # epochs of 25 batches per trainer
+    assert d["prefetch_pull"] is True and d["prefetch_pull_s_per_batch"] > 0 and d["time_per_batch_s"]["owner_wait"] == 0, d
     # the same held-out edges (and negatives, from the same dataset) for both
     assert d["eval_edges"] == t["eval_edges"] and d["eval_edges"]["valid"] > 0
     # TMA's trainers ranked every held-out edge between them

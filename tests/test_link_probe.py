@@ -55,6 +55,24 @@ def test_a_prefetching_run_calibrates_on_its_loader_thread_s_own_times():
     assert P.batch_time(old, MBIT100, 0.5) == pytest.approx(0.35)
 
 
+def test_a_loader_that_only_samples_leaves_the_pull_before_the_step():
+    """pipeline.prefetch_pull=false: the trainer pulls, then steps while the loader samples the
+    next batch: pull + max(sampling, step with its all-reduce)."""
+    sync = P.calibrate(summary())  # sampling 0.1, pull 0.05, compute 0.2, all-reduce 0.02
+    assert P.batch_time(sync, 1e9 / 8, 0.5, prefetch=1, pull=False, shared_cpu=False) == pytest.approx(0.27)
+    # on a shared CPU at least every CPU part together; the loader that pulls too is faster here
+    assert P.batch_time(sync, 1e9 / 8, 0.5, prefetch=1, pull=False) == pytest.approx(0.358)
+    assert P.batch_time(sync, 1e9 / 8, 0.5, prefetch=1, shared_cpu=False) == pytest.approx(0.22)
+    # a run of that loop calibrates on the loader thread's sampling time, the rest as measured
+    phases = {"sampling": 0.005, "owner_wait": 0.05, "compute": 0.25, "allreduce": 0.02, "history": 0.0, "other": 0.0}
+    run = summary(phases=phases, prefetch=1, prefetch_pull=False, prefetch_sampling_s_per_batch=0.1,
+                  prefetch_pull_s_per_batch=None)
+    c = P.calibrate(run)
+    assert c.exposed and not c.prefetch_pull and c.cpu_s["sampling"] == pytest.approx(0.1)
+    assert P.batch_time(c, 1e9 / 8, 0.5) == pytest.approx(0.05 + 0.27)
+    assert "prefetch 1 (sampling)" in P._setting(run)
+
+
 def test_the_check_predicts_a_prefetching_run_from_the_synchronous_ones_of_its_setting():
     cfg = {"model": {"layers": 3}, "cluster": {"bandwidth": "1gbit"}, "pipeline": {"name": "distdgl", "prefetch": 0}}
     sync = summary(_config=cfg)

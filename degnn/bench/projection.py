@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .records import bandwidth
+from .records import bandwidth, pulls_ahead
 
 # which phase each byte category's time falls in
 CATEGORY_PHASE = {"sampling": "sampling", "features": "owner_wait", "allreduce": "allreduce",
@@ -105,6 +105,7 @@ class Calibration:
     param_bytes: Optional[float] = None  # TMA: one copy of the model
     sync_every_s: Optional[float] = None
     exposed: bool = False  # distdgl measured with its prefetch (calibrate: its loader thread's times)
+    prefetch_pull: bool = True  # distdgl's loader pulls too (False: it samples, the trainer pulls)
     hidden_bytes: Dict[str, float] = field(default_factory=dict)  # exposed: the loader's, for the link bound
 
 
@@ -186,7 +187,10 @@ def calibrate(s: dict, latency_s: float = 0.0, links=None) -> Calibration:
     exposed = _exposed(s)
     hidden = {}
     loader = (s.get("prefetch_sampling_s_per_batch"), s.get("prefetch_pull_s_per_batch"))
-    if exposed and None not in loader:
+    pull = pulls_ahead(s)
+    if exposed and not pull and loader[0] is not None:
+        phases = {**phases, "sampling": loader[0]}  # the loader samples only; the rest as measured
+    elif exposed and None not in loader:
         # the loader thread's own times stand for the loop's sampling and pull; the all-reduce is
         # what the batch took beyond the longer of loader and step (batch_time's overlap, inverted)
         total = sum(phases.get(p, 0.0) for p in PHASES)
@@ -212,19 +216,21 @@ def calibrate(s: dict, latency_s: float = 0.0, links=None) -> Calibration:
                        batches_per_epoch=batches_per_epoch(s), machines=machines,
                        cpu_s=cpu, bytes=by, round_trips=rt, prefetch=prefetch,
                        param_bytes=s.get("param_bytes"), sync_every_s=s.get("sync_every_s"), exposed=exposed,
-                       hidden_bytes=hidden)
+                       hidden_bytes=hidden, prefetch_pull=pull)
 
 
 def batch_time(c: Calibration, bandwidth: float, speed: float, latency_s: float = 0.0,
                prefetch: Optional[int] = None, shared_cpu: bool = True,
-               model_speed: Optional[float] = None, links=None) -> float:
+               model_speed: Optional[float] = None, links=None, pull: Optional[bool] = None) -> float:
     """Predicted seconds per batch at `bandwidth` (bytes/s), compute `speed` (1 = one core of the
     calibrating host) and `latency_s` per round trip. `shared_cpu`: the loader and the trainer
     share the machine's CPU (netns budgets); a real machine gives the loader cores of its own.
     `model_speed`: the model's step (the compute phase) alone at this speed, e.g. on a GPU, the
     rest (sampling, LAMP's owners, histories) at `speed`. `links`: the measured efficiency of the
-    links at `bandwidth` (netns; None: the nominal rate)."""
+    links at `bandwidth` (netns; None: the nominal rate). `pull`: distdgl's prefetching loader pulls
+    the features too (None: as the calibration run did)."""
     prefetch = c.prefetch if prefetch is None or c.exposed else prefetch
+    pull = c.prefetch_pull if pull is None or c.exposed else pull
     peers = c.machines - 1
     link_s = net_s(c.bytes, bandwidth, peers, links)
     net = {p: link_s.get(p, 0.0) + c.round_trips.get(p, 0.0) * latency_s for p in PHASES}
@@ -236,6 +242,12 @@ def batch_time(c: Calibration, bandwidth: float, speed: float, latency_s: float 
     if c.pipeline == "lamp" and prefetch:
         rest = sum(cpu[p] + net[p] for p in PHASES if p != "owner_wait")
         t = rest + cpu["owner_wait"] + max(0.0, net["owner_wait"] - rest)
+    elif c.pipeline == "distdgl" and prefetch and not pull:
+        # the loader samples the next batch during the step; the trainer pulls before it, the
+        # link to itself: pull, then the longer of sampling and step with its all-reduce
+        step = sum(cpu[p] + net[p] for p in PHASES if p not in LOADER)
+        t = cpu["owner_wait"] + net["owner_wait"] + max(cpu["sampling"] + net["sampling"], step)
+        t = max(t, sum(cpu.values()) if shared_cpu and not c.exposed else 0.0)
     elif c.pipeline == "distdgl" and prefetch:
         loader = sum(cpu[p] + net[p] for p in LOADER)
         step = sum(cpu[p] + net[p] for p in PHASES if p not in LOADER and p != "allreduce")
@@ -251,11 +263,12 @@ def batch_time(c: Calibration, bandwidth: float, speed: float, latency_s: float 
 
 def epoch_time(c: Calibration, bandwidth: float, speed: float, latency_s: float = 0.0,
                prefetch: Optional[int] = None, shared_cpu: bool = True,
-               batches: Optional[float] = None, model_speed: Optional[float] = None, links=None) -> float:
+               batches: Optional[float] = None, model_speed: Optional[float] = None, links=None,
+               pull: Optional[bool] = None) -> float:
     """Predicted seconds of one epoch (`batches` per trainer; default the calibration run's).
     TMA adds an averaging round every `sync_every_s` seconds of training."""
     n = c.batches_per_epoch if batches is None else batches
-    train = n * batch_time(c, bandwidth, speed, latency_s, prefetch, shared_cpu, model_speed, links)
+    train = n * batch_time(c, bandwidth, speed, latency_s, prefetch, shared_cpu, model_speed, links, pull)
     if c.pipeline == "tma" and c.param_bytes and c.sync_every_s:
         per_round = (c.machines - 1) * c.param_bytes / bandwidth + 2 * latency_s
         train += train / c.sync_every_s * per_round
@@ -324,7 +337,8 @@ def _group_key(s: dict):
         for key in ("bandwidth", "cpus_per_machine"):
             (cfg.get("cluster") or {}).pop(key, None)
         if distdgl:
-            (cfg.get("pipeline") or {}).pop("prefetch", None)
+            for key in ("prefetch", "prefetch_pull"):
+                (cfg.get("pipeline") or {}).pop(key, None)
         return json.dumps([s.get("dataset"), cfg], sort_keys=True)
     return (s.get("pipeline"), s.get("variant"), s.get("dataset"), s.get("layers"),
             tuple(s.get("fanouts") or ()), s.get("machines"), s.get("trainers"), s.get("bits"),
@@ -338,6 +352,7 @@ def _exposed(s: dict) -> bool:
 def _setting(s: dict) -> str:
     cpus = s.get("cpus_per_machine")
     loop = f" prefetch {s['prefetch']}" if s.get("pipeline") == "distdgl" and s.get("prefetch") is not None else ""
+    loop += " (sampling)" if loop and s.get("prefetch") and not pulls_ahead(s) else ""
     loop += " halo cache" if s.get("halo_cache") else ""
     loop += f" roots={s['roots']}" if s.get("roots", "owners") != "owners" else ""
     return (f"{s.get('pipeline')}{loop} {s.get('dataset')} L{s.get('layers')} {bandwidth(s) or 'unlimited'} "
@@ -383,10 +398,11 @@ def checks(runs: List[dict], links=None) -> List[dict]:
                 cal = calibrate(src, links=links)
                 bw, n, meas = rate(bandwidth(target)), batches_per_epoch(target), measured_epoch(target)
                 loop = int(target.get("prefetch") or 0) if target.get("pipeline") == "distdgl" else None
+                pull = pulls_ahead(target)
                 pred = epoch_time(cal, bw, float(target.get("cpus_per_machine") or 1.0), batches=n,
-                                  prefetch=loop, links=links)
+                                  prefetch=loop, links=links, pull=pull)
                 speed = delivered_speed(target, cal) if _exposed(src) == _exposed(target) else None
-                got = epoch_time(cal, bw, speed, batches=n, prefetch=loop, links=links) if speed else None
+                got = epoch_time(cal, bw, speed, batches=n, prefetch=loop, links=links, pull=pull) if speed else None
                 rows.append({"target": target, "source": src, "measured": meas, "predicted": pred,
                              "error": error(pred, meas), "predicted_delivered": got,
                              "error_delivered": error(got, meas) if got else None,

@@ -61,6 +61,12 @@ def bandwidth(s: dict) -> Optional[str]:
     return ((s.get("_config") or {}).get("cluster") or {}).get("bandwidth")
 
 
+def pulls_ahead(s: dict) -> bool:
+    """Whether a distdgl run's prefetching loader pulled the features too (the runs before
+    pipeline.prefetch_pull existed did)."""
+    return s.get("prefetch_pull") is not False
+
+
 def repeat_of(rel: str) -> int:
     """The repeat of a run from its folder (`<suite>/r<k>/<job>`; 0 without a repeat folder)."""
     parts = rel.split("/")

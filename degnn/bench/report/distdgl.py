@@ -2,9 +2,9 @@
 prefetching loader against its synchronous loop (`prefetch_pairs`)."""
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
-from ..records import bandwidth
+from ..records import bandwidth, pulls_ahead
 from ..spread import median, paired_cell, paired_ratios, spread
 from .runs import fmt, kb, median_epoch_s
 
@@ -56,52 +56,65 @@ def parity(runs: List[dict]) -> List[str]:
 
 
 def prefetch_pairs(runs: List[dict]) -> List[str]:
-    """bench=parity's prefetch-* suites: distdgl with pipeline.prefetch=1 against prefetch=0 for
-    each dataset, layer count and bandwidth, the repeats of both orders pooled (epoch times of all
-    runs of a side: median and min-max)."""
+    """bench=parity's prefetch-* suites: distdgl with pipeline.prefetch=1 (each loader: sampling
+    only, or sampling and pull) against prefetch=0 for each dataset, layer count and bandwidth, the
+    repeats of both orders pooled (epoch times of all runs of a side: median and min-max)."""
     ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") == "distdgl"
           and s["_rel"].startswith("prefetch-")]
-    by_key: Dict[tuple, Dict[int, List[dict]]] = {}
+    by_key: Dict[tuple, Dict[str, List[dict]]] = {}
     for s in ok:
         key = (s["dataset"], s.get("layers") or 0, bandwidth(s) or "unlimited")
-        by_key.setdefault(key, {}).setdefault(int(s.get("prefetch") or 0), []).append(s)
+        loop = LOADERS[pulls_ahead(s)] if int(s.get("prefetch") or 0) == 1 else "sync" if not s.get("prefetch") else None
+        if loop:
+            by_key.setdefault(key, {}).setdefault(loop, []).append(s)
     rows = []
     for (ds, layers, bw), sides in sorted(by_key.items()):
-        on, off = sides.get(1, []), sides.get(0, [])
-        if not on or not off:
-            continue
-        times = [sorted(t for s in g for t in (s.get("epoch_times_s") or [])) for g in (on, off)]
-        if not times[0] or not times[1]:
-            continue
-        t1, t0 = (median(t) for t in times)
-
-        def mean_of(group, key):
-            vals = [s[key] for s in group if s.get(key) is not None]
-            return sum(vals) / len(vals) if vals else None
-
-        def wait(group):
-            per = [s.get("time_per_batch_s") or {} for s in group]
-            return sum(p.get("sampling", 0) + p.get("owner_wait", 0) for p in per) / len(per)
-
-        overlap = times[0][0] <= times[1][-1] and times[1][0] <= times[0][-1]
-        verdict = ("yes" if t1 <= t0 else "no") + (" (ranges overlap)" if overlap else "")
-        ratios = paired_ratios(on, off, median_epoch_s)
-        pairs, faster = spread(ratios), sum(1 for r in ratios if r <= 1.0)
-        rows.append(f"| {ds} | {layers} | {bw} | {len(on)} / {len(off)} | {t1:.2f} ({times[0][0]:.2f}-"
-                    f"{times[0][-1]:.2f}) / {t0:.2f} ({times[1][0]:.2f}-{times[1][-1]:.2f}) | **{t1 / t0:.2f}x** | "
-                    f"{kb(mean_of(on, 'app_bytes_per_batch'))} / {kb(mean_of(off, 'app_bytes_per_batch'))} | "
-                    f"{wait(on) * 1000:.0f} / {wait(off) * 1000:.0f} | {paired_cell(pairs)} | "
-                    f"{faster} of {pairs.n if pairs else 0} | {verdict} |")
+        for loader in sorted(set(sides) - {"sync"}, reverse=True):
+            row = _prefetch_row(ds, layers, bw, loader, sides[loader], sides.get("sync", []))
+            if row:
+                rows.append(row)
     if not rows:
         return []
     return ["## distdgl: prefetch against the synchronous loop", "",
             "`pipeline=distdgl` with `pipeline.prefetch=1` (the default: a background thread samples "
-            "and pulls the next batch while the trainer trains) against `pipeline.prefetch=0`, repeated "
+            "the next batch while the trainer trains; the loader column says whether it pulled the "
+            "batch's features too, `pipeline.prefetch_pull`, or the trainer pulled them before its step) "
+            "against `pipeline.prefetch=0`, repeated "
             "in both orders. Epoch time: median (min-max) over all epochs of all runs of a side; "
             "application bytes per batch (the same work either way); wait = the main thread's sampling "
             "and feature-pull wait per batch; per repeat: the two loops ran back to back, the ratio of "
             "their median epochs (median, min–max, spread) and in how many repeats prefetch 1 was at "
             "least as fast. Bar: prefetch 1 at least as fast.", "",
-            "| dataset | layers | bandwidth | runs (1 / 0) | epoch s, prefetch 1 / 0 | time ratio | "
+            "| dataset | layers | bandwidth | loader | runs (1 / 0) | epoch s, prefetch 1 / 0 | time ratio | "
             "app KB/batch (1 / 0) | wait ms/batch (1 / 0) | ratio per repeat | prefetch 1 faster | at least as fast |",
-            "|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+
+
+LOADERS = {False: "sampling", True: "sampling and pull"}  # by pulls_ahead
+
+
+def _prefetch_row(ds, layers, bw, loader: str, on: List[dict], off: List[dict]) -> Optional[str]:
+    if not on or not off:
+        return None
+    times = [sorted(t for s in g for t in (s.get("epoch_times_s") or [])) for g in (on, off)]
+    if not times[0] or not times[1]:
+        return None
+    t1, t0 = (median(t) for t in times)
+
+    def mean_of(group, key):
+        vals = [s[key] for s in group if s.get(key) is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    def wait(group):
+        per = [s.get("time_per_batch_s") or {} for s in group]
+        return sum(p.get("sampling", 0) + p.get("owner_wait", 0) for p in per) / len(per)
+
+    overlap = times[0][0] <= times[1][-1] and times[1][0] <= times[0][-1]
+    verdict = ("yes" if t1 <= t0 else "no") + (" (ranges overlap)" if overlap else "")
+    ratios = paired_ratios(on, off, median_epoch_s)
+    pairs, faster = spread(ratios), sum(1 for r in ratios if r <= 1.0)
+    return (f"| {ds} | {layers} | {bw} | {loader} | {len(on)} / {len(off)} | {t1:.2f} ({times[0][0]:.2f}-"
+            f"{times[0][-1]:.2f}) / {t0:.2f} ({times[1][0]:.2f}-{times[1][-1]:.2f}) | **{t1 / t0:.2f}x** | "
+            f"{kb(mean_of(on, 'app_bytes_per_batch'))} / {kb(mean_of(off, 'app_bytes_per_batch'))} | "
+            f"{wait(on) * 1000:.0f} / {wait(off) * 1000:.0f} | {paired_cell(pairs)} | "
+            f"{faster} of {pairs.n if pairs else 0} | {verdict} |")

@@ -11,14 +11,17 @@ nodes; link prediction (the TMA paper's synchronous baseline) takes mini-batches
 edges with one uniform negative each and the MLP decoder, evaluated by MRR.
 
 `pipeline.prefetch=k` (default 1, one batch ahead like LAMP's): a background thread samples
-the next k batches and pulls their features and labels (prefetch.py `Prefetcher`) while the main
-thread trains on the current one; the loop's `sampling` time is then the main thread's wait for
-a batch, `owner_wait` is zero, and the thread's own time per batch is in the summary
-(`prefetch_sampling_s_per_batch`, `prefetch_pull_s_per_batch`). The bytes are the same either
-way: they are counted from the batch by the main thread. prefetch=0 is the synchronous loop.
-Both tasks prefetch (a link batch is sampled and pulled the same way). DGL's own sampler
-processes (DGL_NUM_SAMPLER > 0) are not used: in DGL 1.1.3 they sample only, so the feature
-pull would stay synchronous (docs/pipelines.md).
+the next k batches (prefetch.py `Prefetcher`) while the main thread trains on the current one;
+the loop's `sampling` time is then the main thread's wait for a batch, and the thread's own time
+per batch is in the summary (`prefetch_sampling_s_per_batch`, `prefetch_pull_s_per_batch`). By
+default (`pipeline.prefetch_pull=false`) the main thread pulls each batch's rows (`owner_wait`)
+and only then lets the thread sample the next batch, which it does during the step (one RPC
+client, used by one thread at a time; the pull never queues on the link behind the all-reduce or
+in front of it). With `prefetch_pull=true` the thread pulls the rows too and `owner_wait` is zero. The bytes are the same either way: they are counted from the batch
+by the main thread. prefetch=0 is the synchronous loop. Both tasks prefetch (a link batch is
+sampled and pulled the same way). DGL's own sampler processes (DGL_NUM_SAMPLER > 0) are not used
+(each is a process with its own RPC connections, docs/pipelines.md); prefetch_pull=false is their
+layout (sampling ahead, the pull in the trainer) in a thread.
 
 `pipeline.halo_cache=true` (an ablation of LAMP's halo replica, bench=lamp's ablation-owners):
 the features of the machine's 1-hop halo nodes (the nodes of other machines its DGL partition
@@ -28,6 +31,7 @@ remote input nodes' rows (`HaloCache`). The `features` bytes count those rows on
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Iterator, List, Optional
@@ -90,6 +94,7 @@ class DistDGLSummary:
     # batches built ahead by the background thread (0: synchronous), and that thread's own time
     # per batch sampling and pulling (None with prefetch 0: the loop's sampling and owner_wait)
     prefetch: int
+    prefetch_pull: bool  # the thread pulls too (else the main thread does: owner_wait)
     prefetch_sampling_s_per_batch: Optional[float]
     prefetch_pull_s_per_batch: Optional[float]
 
@@ -115,6 +120,9 @@ class DistDGLPipeline(Pipeline):
         ctx, cfg, task = self.ctx, self.cfg, self.task
         check_distdgl_config(cfg.pipeline)
         self.prefetch = int(cfg.pipeline.prefetch)
+        # the prefetch thread pulls too (else: the main thread pulls, then the thread samples on)
+        self.prefetch_pull = bool(cfg.pipeline.prefetch_pull)
+        self._rpc = threading.Lock()  # DGL's RPC client: one thread at a time
         self._prefetcher: Optional[Prefetcher] = None
         self.background = {"sampling": 0.0, "pull": 0.0, "batches": 0}  # the prefetch thread's own time
         g = ctx.graph
@@ -154,7 +162,11 @@ class DistDGLPipeline(Pipeline):
         if not self.prefetch:
             yield from self._sampled()
             return
-        self._prefetcher = Prefetcher(self._fetched(self._sampled()), self.prefetch)
+        if self.prefetch_pull:
+            self._prefetcher = Prefetcher(self._fetched(self._sampled()), self.prefetch)
+        else:
+            self._prefetcher = Prefetcher(self._sampled_alone(self._sampled()), self.prefetch,
+                                          release_on_take=False)  # released after the step's pull
         try:
             yield from self._prefetcher
         finally:
@@ -189,6 +201,19 @@ class DistDGLPipeline(Pipeline):
             bg["batches"] += 1
             yield batch, x, y
 
+    def _sampled_alone(self, batches: Iterator) -> Iterator:
+        """Every batch as sampled: the prefetch thread's work with prefetch_pull=false."""
+        bg = self.background
+        while True:
+            t0 = time.perf_counter()
+            with self._rpc:
+                batch = next(batches, None)
+            if batch is None:
+                return
+            bg["sampling"] += time.perf_counter() - t0
+            bg["batches"] += 1
+            yield batch
+
     def _close_prefetcher(self) -> None:
         pre, self._prefetcher = self._prefetcher, None
         if pre is not None and not pre.close():
@@ -204,7 +229,8 @@ class DistDGLPipeline(Pipeline):
 
     def _step(self, item) -> float:
         task, counter = self.task, self.ctx.counter
-        batch = item[0] if self.prefetch else item
+        pulled = self.prefetch and self.prefetch_pull  # the thread brought the rows with the batch
+        batch = item[0] if pulled else item
         input_nodes, blocks = batch[0], batch[-1]
         remote = self.pb.nid2partid(input_nodes) != self.pb.partid
         counter.add("sampling", sampling_bytes(remote, blocks) + task.lookup_bytes(self.pb, batch))
@@ -216,11 +242,13 @@ class DistDGLPipeline(Pipeline):
         # remote feature rows pulled: 8 bytes of id out, one feature row back
         counter.add("features", int(remote.sum()) * (self.feat_row_bytes + ID_BYTES))
         task.observe(batch)
-        if self.prefetch:  # pulled by the prefetch thread
+        if pulled:
             x, y = item[1], item[2]
         else:
-            with self.timer("owner_wait"):  # the feature (and label) pulls from the machines that own the rows
+            with self.timer("owner_wait"), self._rpc:  # the feature (and label) pulls from the rows' owners
                 x, y = task.inputs(batch, self.feat)
+            if self._prefetcher is not None:
+                self._prefetcher.release()  # the thread samples the next batch during this step
         batch, x, y = to_device((batch, x, y), self.device)
         with self.timer("compute"):
             loss = task.loss(self.ddp, batch, x, y)
@@ -241,9 +269,11 @@ class DistDGLPipeline(Pipeline):
         built = sum(r["background"]["batches"] for r in ranks) or 1
 
         def per_batch(key: str) -> Optional[float]:
-            return round(sum(r["background"][key] for r in ranks) / built, 5) if self.prefetch else None
+            if not self.prefetch or (key == "pull" and not self.prefetch_pull):
+                return None
+            return round(sum(r["background"][key] for r in ranks) / built, 5)
 
         return DistDGLSummary(on, sum(r["cache_rows"] for r in ranks) if on else None,
                               sum(r["rows"]["cached"] for r in ranks) / batches if on else None,
                               sum(r["rows"]["pulled"] for r in ranks) / batches,
-                              self.prefetch, per_batch("sampling"), per_batch("pull"))
+                              self.prefetch, self.prefetch_pull, per_batch("sampling"), per_batch("pull"))

@@ -12,10 +12,16 @@ class DistDGLConfig(PipelineConfig):
     type is refused before anything starts (degnn.pipelines.typed_config)."""
 
     name: str = "distdgl"
-    # batches a background thread builds ahead (DGL's sampling through the servers, then the
-    # feature and label pulls) while the main thread trains: 1 = one batch ahead, like LAMP's
-    # pipeline.prefetch; 0 = synchronous (sample, pull, train, one after the other)
+    # batches a background thread builds ahead (DGL's sampling through the servers, and with
+    # prefetch_pull the feature and label pulls) while the main thread trains: 1 = one batch ahead,
+    # like LAMP's pipeline.prefetch; 0 = synchronous (sample, pull, train, one after the other)
     prefetch: int = 1
+    # whether that thread also pulls the batch's features and labels (true), or only samples, the
+    # main thread pulling them before its step (false, the default: DGL's own sampler-process
+    # layout). One RPC client serves both threads, so with false the thread samples the next batch
+    # once this batch's pull is done: the pull never shares the link with the all-reduce, and the
+    # loop is never slower than the synchronous one (bench=parity measures both loaders)
+    prefetch_pull: bool = False
     # read the features of the machine's 1-hop halo nodes (the partition's halo, as LAMP's trainer
     # does) from a local copy made once at setup (setup_bytes); sampling still goes through the
     # graph servers and only the other remote rows are pulled (bench=lamp's ablation-owners: what

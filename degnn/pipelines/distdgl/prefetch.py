@@ -22,13 +22,18 @@ class Prefetcher:
     machines) by a daemon thread at most `depth` items ahead of the last one the caller took: while
     the caller works on item i, items i+1 .. i+depth are being made or wait in line.
 
+    With `release_on_take=False` the thread may start the next item only when the caller calls
+    `release()` (not when it takes one): the caller decides when the thread's work may start, e.g.
+    after its own use of something the two share.
+
     An exception raised by `source` is raised by the caller's next() (after the items before it);
     `close()` stops the thread after the item it is making (it never starts another) and waits
     for it up to `join_s` seconds (a thread stuck on a dead machine is left behind: it is a
     daemon, so the process still exits); it returns whether the thread has ended. The caller closes it
     when it stops early (an exception, a shortened epoch); exhausting it closes it too."""
 
-    def __init__(self, source: Iterator, depth: int, name: str = "distdgl-prefetch", join_s: float = 10.0):
+    def __init__(self, source: Iterator, depth: int, name: str = "distdgl-prefetch", join_s: float = 10.0,
+                 release_on_take: bool = True):
         if depth < 1:
             raise ValueError(f"prefetch depth must be >= 1, got {depth}")
         self._source = source
@@ -36,6 +41,7 @@ class Prefetcher:
         self._items: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._join_s = join_s
+        self._release_on_take = release_on_take
         self._done = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -66,8 +72,13 @@ class Prefetcher:
             if err is not None:
                 raise err
             raise StopIteration
-        self._slots.release()  # the thread may start the next item
+        if self._release_on_take:
+            self._slots.release()  # the thread may start the next item
         return item
+
+    def release(self) -> None:
+        """Let the thread start its next item (with release_on_take=False; once per item taken)."""
+        self._slots.release()
 
     def _take(self):
         while True:
