@@ -286,3 +286,16 @@ def test_plain_dgl_trainer_runs_on_the_same_cluster_and_moves_the_same_bytes(tmp
     assert plain["batches"] == ours["batches"] > 0
     assert len(plain["epoch_times_s"]) == 2 and 0.0 < plain["test_final"] <= 1.0
     assert abs(ours["net_bytes_per_batch"] / plain["net_bytes_per_batch"] - 1) < 0.05
+
+
+def test_the_breakdown_says_how_cpu_bound_each_machine_was_where_it_was_measured():
+    from degnn.bench.report.breakdown import breakdown_section
+
+    phases = {"sampling": 0.01, "owner_wait": 0.02, "compute": 0.03}
+    run = {"status": "ok", "pipeline": "distdgl", "dataset": "wordnet", "layers": 3, "time_per_batch_s": phases,
+           "bandwidth": "1gbit"}
+    assert "CPU-bound" not in "\n".join(breakdown_section([{**run, "_rel": "a/0"}]))  # older runs: no column
+    text = "\n".join(breakdown_section([{**run, "_rel": "a/0", "cpu_throttled_share": 0.62},
+                                        {**run, "_rel": "b/0"}]))
+    assert "| a wordnet 1gbit | 10.0 | 20.0 | 30.0 | 0.0 | 0.0 | 0.0 | 60.0 | 62% |" in text
+    assert "| b wordnet 1gbit | 10.0 | 20.0 | 30.0 | 0.0 | 0.0 | 0.0 | 60.0 | – |" in text

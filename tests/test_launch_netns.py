@@ -260,6 +260,7 @@ def test_real_distdgl_run(tmp_path):
     assert sorted(peaks) == ["server0", "server1", "trainer0", "trainer1"] and min(peaks.values()) > 50, s
     assert s["peak_rss_mb_server"] == max(peaks["server0"], peaks["server1"])
     assert s["memory_per_machine_mb"] == 2048 and s["cpus_per_machine"] == 1
+    assert 0 <= s["cpu_throttled_share"] <= 1, s  # the machines' cgroups have a CPU quota
     assert all(100 < m <= 2048 for m in s["machine_peak_memory_mb"]), s
     assert s["setup_s"] > 0 and s["setup_net_bytes"] > 0 and s["setup_bytes"] >= 0, s
     assert 50 < s["setup_peak_rss_mb"] <= s["peak_rss_mb_trainer"], s

@@ -36,7 +36,10 @@ the all-reduce; where the loader shares the machine's CPU, at least every CPU pa
 prefetching distdgl run calibrates the same model inverted: its loader thread's own times
 (`prefetch_sampling_s_per_batch`, `prefetch_pull_s_per_batch`) are the loader, its compute and
 other phases the step, and the all-reduce what the batch took beyond the longer of the two (a run
-without the loader's times: its phases as they are, the pull hidden). The check predicts a
+without the loader's times: its phases as they are, the pull hidden). distdgl's default loader
+only samples (`prefetch_pull` false): the trainer pulls, then steps while the thread samples, so
+a batch takes pull + max(sampling, step with its all-reduce), on a shared CPU at least all its
+CPU; a run of it calibrates with the thread's sampling time as sampling. The check predicts a
 prefetching run from the synchronous runs of its setting where there are any (its loader
 modelled): that tests the overlap model the grid uses. Whatever overlaps, a batch cannot be faster
 than its machine's link carrying every byte of it.

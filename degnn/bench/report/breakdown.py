@@ -39,15 +39,22 @@ def breakdown_section(runs: List[dict]) -> List[str]:
     rows = [s for s in runs if s.get("status") == "ok" and s.get("time_per_batch_s")]
     if not rows:
         return []
+    quota = int(any(s.get("cpu_throttled_share") is not None for s in rows))  # a column where measured
     out = ["## Where a batch's time goes", "",
            "Milliseconds per batch and trainer, mean over trainers (degnn.metrics.PhaseTimer): sampling "
            "= building the computation graph (distdgl: DGL's sampler and its RPCs), owner wait = blocked "
            "on other machines' data (distdgl: the feature pull; lamp: the owners' answers), compute = "
            "forward, backward and step without the all-reduce, history = lamp's history pushes, weight "
-           "shipping and halo sync, other = the rest of the epoch.", "",
-           "| run | " + " | ".join(PHASES) + " | total |", "|---|" + "---|" * (len(PHASES) + 1)]
+           "shipping and halo sync, other = the rest of the epoch."
+           + (" CPU-bound = share of the training's 100 ms CFS periods in which the machine used up its "
+              "CPU quota (summary `cpu_throttled_share`, mean over machines): near 100%, the machine "
+              "had no idle CPU for an overlap to use." if quota else ""), "",
+           "| run | " + " | ".join(PHASES) + " | total |" + (" CPU-bound |" if quota else ""),
+           "|---|" + "---|" * (len(PHASES) + 1 + quota)]
     for s in sorted(rows, key=lambda s: (s.get("dataset"), s.get("layers"), s["_rel"])):
         t = s["time_per_batch_s"]
+        share = s.get("cpu_throttled_share")
         out.append(f"| {_short(s)} | " + " | ".join(fmt(1000 * t.get(p, 0.0), ".1f") for p in PHASES)
-                   + f" | {1000 * sum(t.values()):.1f} |")
+                   + f" | {1000 * sum(t.values()):.1f} |"
+                   + ((f" {100 * share:.0f}% |" if share is not None else " – |") if quota else ""))
     return out + [""]
