@@ -211,3 +211,21 @@ def test_prefetch_against_the_synchronous_loop_pairs_the_runs_of_each_repeat(tmp
     # pooled: 4.75 against 5.00, ranges overlap; per repeat 0.95, 0.95, 1.05
     assert "| 4.75 (3.80-6.30) / 5.00 (4.00-6.00) | **0.95x** |" in row[0]
     assert row[0].endswith("| 0.95x (0.95–1.05), 11% | 2 of 3 | yes (ranges overlap) |"), row[0]
+
+
+def test_a_commit_is_dirty_for_a_changed_tracked_file_not_for_an_untracked_results_folder(tmp_path):
+    import subprocess
+
+    from degnn.bench.records import git_commit
+
+    git = ["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "summary.json").write_text("{}")
+    (tmp_path / "log").write_text("bench log")
+    assert not git_commit(tmp_path).endswith("-dirty")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_commit(tmp_path).endswith("-dirty")

@@ -38,12 +38,14 @@ _REPEAT = re.compile(r"^r(\d+)$")
 
 
 def git_commit(repo: Path) -> str:
-    """The short commit of `repo`, `-dirty` when it has changes outside benchmarks/ (the records
-    and RESULTS.md a bench writes); "unknown" outside a git checkout."""
+    """The short commit of `repo`, `-dirty` when a tracked file outside benchmarks/ (where a bench
+    writes its records and RESULTS.md) has changed; untracked files (a results folder or log the
+    user put in the checkout) do not count. "unknown" outside a git checkout."""
     try:
         head = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], check=True,
                               capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", ".", ":!benchmarks"],
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no",
+                                "--", ".", ":!benchmarks"],
                                check=True, capture_output=True, text=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
