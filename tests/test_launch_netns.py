@@ -210,7 +210,10 @@ def test_a_machine_gets_its_share_of_cpu():
     busy = "import resource, time\nt = time.time()\nwhile time.time() - t < 2: pass\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_utime)"
     with MachineLimits(1, cpus=0.2) as lim:
         r = subprocess.run([PY, "-c", busy], preexec_fn=lambda: lim.enter(0), capture_output=True, text=True)
+        keys = lim.summary()
     assert 0.05 < float(r.stdout) < 0.7, r.stdout  # unlimited: up to 2 s on an idle core
+    # the busy loop ran out of its quota in nearly every 100 ms period it ran in
+    assert keys["cpus_per_machine"] == 0.2 and keys["cpu_throttled_share"] > 0.8, keys
     assert not _cgroups_of(os.getpid())
 
 
@@ -260,7 +263,7 @@ def test_real_distdgl_run(tmp_path):
     assert sorted(peaks) == ["server0", "server1", "trainer0", "trainer1"] and min(peaks.values()) > 50, s
     assert s["peak_rss_mb_server"] == max(peaks["server0"], peaks["server1"])
     assert s["memory_per_machine_mb"] == 2048 and s["cpus_per_machine"] == 1
-    assert 0 <= s["cpu_throttled_share"] <= 1, s  # the machines' cgroups have a CPU quota
+    assert 0 <= s["cpu_throttled_share"] <= 1, s  # the machines have a CPU quota
     assert all(100 < m <= 2048 for m in s["machine_peak_memory_mb"]), s
     assert s["setup_s"] > 0 and s["setup_net_bytes"] > 0 and s["setup_bytes"] >= 0, s
     assert 50 < s["setup_peak_rss_mb"] <= s["peak_rss_mb_trainer"], s

@@ -68,19 +68,3 @@ def test_a_phase_timed_inside_another_counts_for_itself_only():
             time.sleep(0.05)
     assert 0.015 < t.total["sampling"] < 0.045 and t.total["owner_wait"] >= 0.05
 
-
-def test_the_quota_counter_reads_the_cpu_cgroup_of_this_process(tmp_path):
-    """/proc/self/cgroup names the cgroup; its cpu.stat gives the CFS periods and those throttled;
-    a cgroup without a quota (or none at all) reads None."""
-    from degnn.metrics import QuotaCounter
-
-    proc = tmp_path / "cgroup"
-    proc.write_text("12:memory:/m0\n4:cpu,cpuacct:/degnn1m0\n0::/x\n")
-    d = tmp_path / "cpu" / "degnn1m0"
-    d.mkdir(parents=True)
-    (d / "cpu.cfs_quota_us").write_text("45000\n")
-    (d / "cpu.stat").write_text("nr_periods 200\nnr_throttled 150\nthrottled_time 9\n")
-    assert QuotaCounter.of_this_process(proc, tmp_path / "cpu").read() == (200, 150)
-    (d / "cpu.cfs_quota_us").write_text("-1\n")
-    assert QuotaCounter.of_this_process(proc, tmp_path / "cpu").read() is None
-    assert QuotaCounter.of_this_process(tmp_path / "absent", tmp_path / "cpu").read() is None

@@ -242,6 +242,18 @@ class MachineLimits:
             with open(path, "w") as f:
                 f.write(pid)
 
+    def cpu_periods(self, machine: int) -> Optional[tuple]:
+        """(CFS periods, periods in which the machine used up its CPU quota) so far, from its
+        cgroup's cpu.stat; None without a CPU limit."""
+        if "cpu" not in self.dirs:
+            return None
+        try:
+            with open(os.path.join(self.dirs["cpu"][machine], "cpu.stat")) as f:
+                st = dict(line.split() for line in f if line.strip())
+            return int(st["nr_periods"]), int(st["nr_throttled"])
+        except (OSError, KeyError, ValueError):
+            return None
+
     def peak_bytes(self, machine: int) -> Optional[int]:
         if "memory" not in self.dirs:
             return None
@@ -269,4 +281,10 @@ class MachineLimits:
         peaks = [self.peak_bytes(i) for i in range(self.k)]
         out["machine_peak_memory_mb"] = ([round(p / 2**20, 1) if p is not None else None for p in peaks]
                                          if "memory" in self.dirs else None)
+        # how CPU-bound the machines were, over the whole run (set-up and evaluation included):
+        # the share of CFS periods in which a machine used up its quota (a trainer cannot read its
+        # cgroup: `ip netns exec` gives it a /sys without the cgroup mounts)
+        got = [c for c in (self.cpu_periods(i) for i in range(self.k)) if c is not None]
+        periods = sum(c[0] for c in got)
+        out["cpu_throttled_share"] = round(sum(c[1] for c in got) / periods, 4) if periods else None
         return out

@@ -171,44 +171,6 @@ class WireCounter:
         return cls(os.environ.get("GLOO_SOCKET_IFNAME"))
 
 
-class QuotaCounter:
-    """CFS periods of this process's CPU cgroup (v1 `cpu` controller) and those in which the
-    cgroup used up its quota (`cpu.stat`: nr_periods, nr_throttled). On a netns machine with
-    `cluster.cpus_per_machine` the cgroup is the machine (its graph server and trainer), so the
-    throttled share of the training epochs says how CPU-bound the machine was: near 1, no overlap
-    of its own work can make it faster. `read()` is None where the cgroup has no quota."""
-
-    def __init__(self, stat: Optional[Path]):
-        self.path = stat
-
-    def read(self) -> Optional[tuple]:
-        if self.path is None:
-            return None
-        try:
-            st = dict(line.split() for line in self.path.read_text().splitlines() if line.strip())
-            return int(st["nr_periods"]), int(st["nr_throttled"])
-        except (OSError, KeyError, ValueError):
-            return None
-
-    @classmethod
-    def of_this_process(cls, proc_cgroup: Path = Path("/proc/self/cgroup"),
-                        root: Path = Path("/sys/fs/cgroup/cpu")) -> "QuotaCounter":
-        try:
-            lines = proc_cgroup.read_text().splitlines()
-        except OSError:
-            return cls(None)
-        for line in lines:
-            _, controllers, path = line.split(":", 2)
-            if "cpu" in controllers.split(","):
-                d = root / path.lstrip("/")
-                try:
-                    quota = int((d / "cpu.cfs_quota_us").read_text())
-                except (OSError, ValueError):
-                    return cls(None)
-                return cls(d / "cpu.stat" if quota > 0 else None)
-        return cls(None)
-
-
 def finite_or_none(value):
     """JSON has no NaN/Infinity: a non-finite number is written as null (also inside lists/dicts)."""
     if isinstance(value, float) and not math.isfinite(value):

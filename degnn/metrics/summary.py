@@ -62,9 +62,6 @@ class RunSummary:
     net_bytes_total: Optional[int] = None
     # seconds per batch by phase, mean over trainers (degnn.metrics.PhaseTimer)
     time_per_batch_s: Optional[Dict[str, float]] = None
-    # machines with a CPU quota (cluster.cpus_per_machine): share of the training epochs' CFS
-    # periods in which the machine used up its quota (degnn.metrics.QuotaCounter); None without one
-    cpu_throttled_share: Optional[float] = None
     peak_rss_mb_trainer: Optional[float] = None
     # set-up, before the first training batch (slowest trainer; bytes of all; largest peak RSS)
     setup_s: Optional[float] = None

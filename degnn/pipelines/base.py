@@ -25,7 +25,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 import torch
 
 from degnn.config import PipelineConfig
-from degnn.metrics import PhaseTimer, QuotaCounter, WireCounter
+from degnn.metrics import PhaseTimer, WireCounter
 
 
 class Pipeline:
@@ -76,9 +76,6 @@ class Pipeline:
         self.batches = 0  # training steps taken by this trainer
         self.wire = WireCounter.from_env() if ctx.local_rank == 0 else WireCounter(None)
         self.wire_train_bytes = 0
-        # the machine's CPU quota: CFS periods of the training epochs, and those it ran out in
-        self.quota = QuotaCounter.of_this_process() if ctx.local_rank == 0 else QuotaCounter(None)
-        self.cpu_periods = [0, 0]
         # the per-batch time breakdown (summary: time_per_batch_s), over this run's epochs only
         self.timer = PhaseTimer()
         self.timed = {"batches": 0, "train_s": 0.0}

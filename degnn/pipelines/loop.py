@@ -92,14 +92,12 @@ class EpochLoop:
         if self.ctx.is_rank0:
             progress = progress_bar(p.batches_per_epoch(), f"epoch {epoch}/{cfg.train.epochs}")
         dist.barrier()
-        wire0, cpu0, t0 = p.wire.read(), p.quota.read(), time.time()
+        wire0, t0 = p.wire.read(), time.time()
         loss, nb = profiled(p, self.train_epoch, epoch, progress)
         dt = time.time() - t0
-        wire1, cpu1 = p.wire.read(), p.quota.read()
+        wire1 = p.wire.read()
         if wire0 is not None:
             p.wire_train_bytes += wire1 - wire0
-        if cpu0 is not None and cpu1 is not None:
-            p.cpu_periods = [p.cpu_periods[0] + cpu1[0] - cpu0[0], p.cpu_periods[1] + cpu1[1] - cpu0[1]]
         if progress is not None:
             progress.close()
         return loss, nb, dt

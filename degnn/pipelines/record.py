@@ -189,7 +189,7 @@ class RunRecord:
         """This trainer's part of the summary (added up over trainers by `summary`)."""
         p = self.p
         return {"bytes": self.ctx.counter.as_dict(), "batches": p.batches, "wire": p.wire_train_bytes,
-                "has_wire": p.wire.path is not None, "cpu_periods": list(p.cpu_periods),
+                "has_wire": p.wire.path is not None,
                 "timing": {"phases": dict(p.timer.total), **p.timed},
                 "rss_mb": peak_rss_kb() / 1024.0, "setup": self.setup,
                 **p.rank_stats()}
@@ -205,7 +205,6 @@ class RunRecord:
         batches = sum(r["batches"] for r in ranks)
         wire = sum(r["wire"] for r in ranks)
         on_netns = any(r["has_wire"] for r in ranks)
-        periods = [sum(r.get("cpu_periods", [0, 0])[i] for r in ranks) for i in (0, 1)]
         app = sum(v for k, v in cats.items() if k not in NOT_PER_BATCH)
         times = state["epoch_times"]
         digests = [r.get("param_digest") for r in ranks]
@@ -225,7 +224,6 @@ class RunRecord:
             net_bytes_train=int(wire) if on_netns else None,
             net_bytes_per_batch=per_batch(wire) if on_netns else None,
             time_per_batch_s=breakdown_per_batch([r["timing"] for r in ranks if "timing" in r]),
-            cpu_throttled_share=round(periods[1] / periods[0], 4) if periods[0] else None,
             peak_rss_mb_trainer=round(max(r["rss_mb"] for r in ranks), 1),
             **setup_keys([r.get("setup") or {} for r in ranks]),
             params_agree=len(set(digests)) == 1 if None not in digests else None,

@@ -46,9 +46,9 @@ def breakdown_section(runs: List[dict]) -> List[str]:
            "on other machines' data (distdgl: the feature pull; lamp: the owners' answers), compute = "
            "forward, backward and step without the all-reduce, history = lamp's history pushes, weight "
            "shipping and halo sync, other = the rest of the epoch."
-           + (" CPU-bound = share of the training's 100 ms CFS periods in which the machine used up its "
-              "CPU quota (summary `cpu_throttled_share`, mean over machines): near 100%, the machine "
-              "had no idle CPU for an overlap to use." if quota else ""), "",
+           + (" CPU-bound = share of the run's 100 ms CFS periods (set-up and evaluation included) in "
+              "which a machine used up its CPU quota (summary `cpu_throttled_share`, all machines): "
+              "near 100%, the machines had no idle CPU for an overlap to use." if quota else ""), "",
            "| run | " + " | ".join(PHASES) + " | total |" + (" CPU-bound |" if quota else ""),
            "|---|" + "---|" * (len(PHASES) + 1 + quota)]
     for s in sorted(rows, key=lambda s: (s.get("dataset"), s.get("layers"), s["_rel"])):
