@@ -17,9 +17,10 @@ per batch is in the summary (`prefetch_sampling_s_per_batch`, `prefetch_pull_s_p
 default (`pipeline.prefetch_pull=false`) the main thread pulls each batch's rows (`owner_wait`)
 and only then lets the thread sample the next batch, which it does during the step (one RPC
 client, used by one thread at a time; the pull never queues on the link behind the all-reduce or
-in front of it). With `prefetch_pull=true` the thread pulls the rows too and `owner_wait` is zero. The bytes are the same either way: they are counted from the batch
-by the main thread. prefetch=0 is the synchronous loop. Both tasks prefetch (a link batch is
-sampled and pulled the same way). DGL's own sampler processes (DGL_NUM_SAMPLER > 0) are not used
+in front of it). With `prefetch_pull=true` the thread pulls the rows too and `owner_wait` is
+zero. The bytes are the same either way: they are counted from the batch by the main thread.
+prefetch=0 is the synchronous loop. Both tasks prefetch (a link batch is sampled and pulled the
+same way). DGL's own sampler processes (DGL_NUM_SAMPLER > 0) are not used
 (each is a process with its own RPC connections, docs/pipelines.md); prefetch_pull=false is their
 layout (sampling ahead, the pull in the trainer) in a thread.
 
