@@ -67,4 +67,3 @@ def test_a_phase_timed_inside_another_counts_for_itself_only():
         with t("owner_wait"):  # a pipeline waiting for its answers inside it
             time.sleep(0.05)
     assert 0.015 < t.total["sampling"] < 0.045 and t.total["owner_wait"] >= 0.05
-

@@ -163,11 +163,9 @@ class DistDGLPipeline(Pipeline):
         if not self.prefetch:
             yield from self._sampled()
             return
-        if self.prefetch_pull:
-            self._prefetcher = Prefetcher(self._fetched(self._sampled()), self.prefetch)
-        else:
-            self._prefetcher = Prefetcher(self._sampled_alone(self._sampled()), self.prefetch,
-                                          release_on_take=False)  # released after the step's pull
+        # without prefetch_pull the thread's next batch waits until the step has pulled (`_step`)
+        self._prefetcher = Prefetcher(self._fetched(self._sampled()), self.prefetch,
+                                      release_on_take=self.prefetch_pull)
         try:
             yield from self._prefetcher
         finally:
@@ -188,32 +186,25 @@ class DistDGLPipeline(Pipeline):
             yield batch
 
     def _fetched(self, batches: Iterator) -> Iterator:
-        """(batch, x, y) of every batch: the prefetch thread's work (sampling, then the pulls)."""
-        bg = self.background
-        while True:
-            t0 = time.perf_counter()
-            batch = next(batches, None)
-            t1 = time.perf_counter()
-            if batch is None:
-                return
-            x, y = self.task.inputs(batch, self.feat)
-            bg["sampling"] += t1 - t0
-            bg["pull"] += time.perf_counter() - t1
-            bg["batches"] += 1
-            yield batch, x, y
-
-    def _sampled_alone(self, batches: Iterator) -> Iterator:
-        """Every batch as sampled: the prefetch thread's work with prefetch_pull=false."""
+        """The prefetch thread's work: every batch sampled, and with prefetch_pull its inputs
+        pulled, (batch, x, y); else the batch alone (the trainer pulls)."""
         bg = self.background
         while True:
             t0 = time.perf_counter()
             with self._rpc:
                 batch = next(batches, None)
+            t1 = time.perf_counter()
             if batch is None:
                 return
-            bg["sampling"] += time.perf_counter() - t0
+            bg["sampling"] += t1 - t0
             bg["batches"] += 1
-            yield batch
+            if not self.prefetch_pull:
+                yield batch
+                continue
+            with self._rpc:
+                x, y = self.task.inputs(batch, self.feat)
+            bg["pull"] += time.perf_counter() - t1
+            yield batch, x, y
 
     def _close_prefetcher(self) -> None:
         pre, self._prefetcher = self._prefetcher, None
