@@ -197,6 +197,17 @@ def test_the_host_probe_times_a_fixed_loop():
     assert 0 < tenth < full < 60, (tenth, full)
 
 
+def test_ratios_pair_the_runs_of_one_repeat_of_one_invocation():
+    from degnn.bench.spread import paired_ratios
+
+    def run(invocation, rep, t):
+        return {"_rel": f"s/r{rep}/0", "t": t, "_record": {"invocation": invocation}}
+
+    num = [run("a", 0, 2.0), run("b", 1, 3.0)]
+    den = [run("a", 0, 4.0), run("a", 1, 5.0)]  # repeat 1 of another invocation: not back to back
+    assert paired_ratios(num, den, lambda r: r["t"]) == [0.5]
+
+
 def test_prefetch_against_the_synchronous_loop_pairs_the_runs_of_each_repeat(tmp_path):
     from degnn.bench.report import prefetch_pairs
 

@@ -77,10 +77,15 @@ def ratio_cell(num: Optional[Spread], den: Optional[Spread], bold: bool = True, 
 
 def paired_ratios(num: List[dict], den: List[dict], value: Callable[[dict], Optional[float]]) -> List[float]:
     """value(num run) / value(den run) within each repeat both sides ran (one run a side and
-    repeat), in repeat order."""
-    a = {repeat_of(r["_rel"]): value(r) for r in num}
-    b = {repeat_of(r["_rel"]): value(r) for r in den}
+    repeat, of one bench invocation: runs of two invocations did not run back to back), in repeat
+    order."""
+    a = {_repeat(r): value(r) for r in num}
+    b = {_repeat(r): value(r) for r in den}
     return [a[k] / b[k] for k in sorted(a.keys() & b.keys()) if a[k] and b[k]]
+
+
+def _repeat(run: dict) -> tuple:
+    return (run.get("_record") or {}).get("invocation") or "", repeat_of(run["_rel"])
 
 
 def paired(num: List[dict], den: List[dict], value: Callable[[dict], Optional[float]]) -> Optional[Spread]:
