@@ -167,9 +167,16 @@ def test_parity_report_sets_distdgl_prefetch_against_the_synchronous_loop(tmp_pa
     # a loader that samples only (pipeline.prefetch_pull=false): the trainer waits for the pull
     fake_run(tmp_path, "prefetch-L3-sample/r0/0", prefetch=1, prefetch_pull=False, epoch_times_s=[8.5, 8.5],
              app_bytes_per_batch=2048.0, time_per_batch_s={"sampling": 0.01, "owner_wait": 0.1}, **common)
+    # prefetch_auto against a synchronous run of its own family (auto-*), never prefetch-*'s
+    fake_run(tmp_path, "auto-L3-sync/r0/0", prefetch=0, epoch_times_s=[6.0, 6.0], app_bytes_per_batch=2048.0,
+             time_per_batch_s={"sampling": 0.2, "owner_wait": 0.1}, **common)
+    fake_run(tmp_path, "auto-L3-auto/r0/0", prefetch=1, prefetch_pull=False, prefetch_auto=True, prefetch_kept=1,
+             trainers=4, epoch_times_s=[6.6, 6.0], app_bytes_per_batch=2048.0,
+             time_per_batch_s={"sampling": 0.1, "owner_wait": 0.1}, **common)
     fake_run(tmp_path, "parity-3layers/1", pipeline="plain-dgl", dataset="wordnet", layers=3, epochs=2,
              epoch_times_s=[9.0, 9.0])
     text = write_report(tmp_path).read_text()
+    assert "| wordnet | 3 | 1gbit | auto (kept 1 of 4) | 1 / 1 | 6.30 (6.00-6.60) / 6.00 (6.00-6.00) | **1.05x** |" in text
     # pooled: prefetch 1 [7.0,7.5,8.0,9.5] -> 7.75, prefetch 0 [9.0,9.5,10.0,11.0] -> 9.75;
     # per repeat: 7.5 / 9.5 and 8.5 / 10.25, both faster
     pulls = ("| wordnet | 3 | 1gbit | sampling and pull | 2 / 2 | 7.75 (7.00-9.50) / 9.75 (9.00-11.00) | **0.79x** | "

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from degnn.pipelines.distdgl.prefetch import Prefetcher
+from degnn.pipelines.distdgl.prefetch import Prefetcher, prefetch_is_faster
 
 
 class Source:
@@ -120,6 +120,14 @@ def test_close_wakes_a_thread_waiting_for_a_release():
     pre = Prefetcher(src, 1, release_on_take=False)
     assert next(pre) == 0
     assert pre.close() and src.made == 1  # it returned without making another
+
+
+def test_prefetch_auto_keeps_the_loop_whose_median_batch_was_faster():
+    # each half's first batch is left out (warm-up; the loader's first batch had no lead)
+    assert prefetch_is_faster([9.0, 1.0, 1.1, 0.9, 1.0], [0.1, 1.2, 1.1, 1.3, 1.2]) is False
+    assert prefetch_is_faster([0.1, 1.0, 1.1, 0.9, 1.0], [9.0, 0.8, 0.9, 3.0, 0.8]) is True  # a median, not a mean
+    assert prefetch_is_faster([1.0] * 5, [1.0] * 5) is False  # a tie keeps the simpler loop
+    assert prefetch_is_faster([1.0] * 4, [0.5] * 9) is None  # too few synchronous batches to tell
 
 
 def test_depth_must_be_positive():

@@ -253,7 +253,7 @@ def test_real_distdgl_run(tmp_path):
     # scored through them)
     r = subprocess.run([PY, *REAL, "train.epochs=3", "train.batch_size=128", f"hydra.run.dir={run_dir}",
                         "cluster.memory_per_machine=2G", "cluster.cpus_per_machine=1",
-                        "train.eval_hidden_dtype=float16"],
+                        "train.eval_hidden_dtype=float16", "pipeline.prefetch_auto=true"],
                        cwd=REPO, capture_output=True, text=True, timeout=budget(110))
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     s = json.loads((run_dir / "summary.json").read_text())
@@ -270,9 +270,12 @@ def test_real_distdgl_run(tmp_path):
     # DDP's mechanism: every trainer stepped on the same averaged gradients, so both end with
     # bit-identical parameters; and it learned (8 classes: chance is 0.125)
     assert s["params_agree"] is True and s["test"] > 0.125 + 0.2, s
-    # the default loader: a thread samples ahead, the trainer pulls (its owner_wait)
+    # the default loader: a thread samples ahead, the trainer pulls (its owner_wait); with
+    # prefetch_auto each trainer timed both loops in its first epoch and chose one
     assert s["prefetch"] == 1 and s["prefetch_pull"] is False and s["prefetch_pull_s_per_batch"] is None, s
     assert s["prefetch_sampling_s_per_batch"] > 0 and s["time_per_batch_s"]["owner_wait"] > 0, s
+    assert s["prefetch_auto"] is True and s["prefetch_kept"] in (0, 1, 2), s
+    assert all(v > 0 for v in s["prefetch_probe_s_per_batch"].values()), s
     assert s["net_bytes_total"] > 0 and s["net_bytes_per_batch"] > 0
     # The application's own byte count agrees with the veth counters of the training phase.
     # Measured here (3 runs): app 1.1% below wire; sampling is ~6.5% of the app bytes, features

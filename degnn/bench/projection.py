@@ -356,6 +356,7 @@ def _setting(s: dict) -> str:
     cpus = s.get("cpus_per_machine")
     loop = f" prefetch {s['prefetch']}" if s.get("pipeline") == "distdgl" and s.get("prefetch") is not None else ""
     loop += " (sampling)" if loop and s.get("prefetch") and not pulls_ahead(s) else ""
+    loop += " auto" if loop and s.get("prefetch_auto") else ""
     loop += " halo cache" if s.get("halo_cache") else ""
     loop += f" roots={s['roots']}" if s.get("roots", "owners") != "owners" else ""
     return (f"{s.get('pipeline')}{loop} {s.get('dataset')} L{s.get('layers')} {bandwidth(s) or 'unlimited'} "
@@ -370,8 +371,10 @@ def measured_epoch(s: dict) -> Optional[float]:
 
 
 def usable(runs: List[dict]) -> List[dict]:
+    # a prefetch_auto run mixes two loops (its choice per trainer): no model of it
     return [s for s in runs if s.get("status") == "ok" and s.get("time_per_batch_s") and s.get("batches")
-            and s.get("pipeline") in ("distdgl", "lamp") and bandwidth(s) and measured_epoch(s)]
+            and s.get("pipeline") in ("distdgl", "lamp") and bandwidth(s) and measured_epoch(s)
+            and not s.get("prefetch_auto")]
 
 
 def delivered_speed(target: dict, cal: Calibration) -> Optional[float]:

@@ -69,6 +69,13 @@ def pulls_ahead(s: dict) -> bool:
     return s.get("prefetch_pull") is not False
 
 
+def loader(s: dict) -> str:
+    """A prefetching distdgl run's loader, as the reports name it."""
+    if s.get("prefetch_auto"):
+        return "auto"  # the first epoch chose between the sampling loader and the synchronous loop
+    return "sampling and pull" if pulls_ahead(s) else "sampling"
+
+
 def repeat_of(rel: str) -> int:
     """The repeat of a run from its folder (`<suite>/r<k>/<job>`; 0 without a repeat folder)."""
     parts = rel.split("/")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from ..records import bandwidth, pulls_ahead
+from ..records import bandwidth, loader
 from ..spread import median, paired_cell, paired_ratios, spread
 from .runs import fmt, kb, median_epoch_s
 
@@ -56,21 +56,22 @@ def parity(runs: List[dict]) -> List[str]:
 
 
 def prefetch_pairs(runs: List[dict]) -> List[str]:
-    """bench=parity's prefetch-* suites: distdgl with pipeline.prefetch=1 (each loader: sampling
-    only, or sampling and pull) against prefetch=0 for each dataset, layer count and bandwidth, the
-    repeats of both orders pooled (epoch times of all runs of a side: median and min-max)."""
+    """bench=parity's prefetch-* and auto-* suites: distdgl with pipeline.prefetch=1 (each loader:
+    sampling only, sampling and pull, or the first epoch's choice) against prefetch=0 of the same
+    suite family for each dataset, layer count and bandwidth, the repeats of both orders pooled
+    (epoch times of all runs of a side: median and min-max)."""
     ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") == "distdgl"
-          and s["_rel"].startswith("prefetch-")]
+          and s["_rel"].split("-")[0] in FAMILIES]
     by_key: Dict[tuple, Dict[str, List[dict]]] = {}
     for s in ok:
-        key = (s["dataset"], s.get("layers") or 0, bandwidth(s) or "unlimited")
-        loop = LOADERS[pulls_ahead(s)] if int(s.get("prefetch") or 0) == 1 else "sync" if not s.get("prefetch") else None
+        key = (s["dataset"], s.get("layers") or 0, bandwidth(s) or "unlimited", s["_rel"].split("-")[0])
+        loop = loader(s) if int(s.get("prefetch") or 0) == 1 else "sync" if not s.get("prefetch") else None
         if loop:
             by_key.setdefault(key, {}).setdefault(loop, []).append(s)
     rows = []
-    for (ds, layers, bw), sides in sorted(by_key.items()):
-        for loader in sorted(set(sides) - {"sync"}, reverse=True):
-            row = _prefetch_row(ds, layers, bw, loader, sides[loader], sides.get("sync", []))
+    for (ds, layers, bw, _), sides in sorted(by_key.items()):
+        for name in sorted(set(sides) - {"sync"}, reverse=True):
+            row = _prefetch_row(ds, layers, bw, name, sides[name], sides.get("sync", []))
             if row:
                 rows.append(row)
     if not rows:
@@ -78,8 +79,10 @@ def prefetch_pairs(runs: List[dict]) -> List[str]:
     return ["## distdgl: prefetch against the synchronous loop", "",
             "`pipeline=distdgl` with `pipeline.prefetch=1` (the default: a background thread samples "
             "the next batch while the trainer trains; the loader column says whether it pulled the "
-            "batch's features too, `pipeline.prefetch_pull`, or the trainer pulled them before its step) "
-            "against `pipeline.prefetch=0`, repeated "
+            "batch's features too, `pipeline.prefetch_pull`, or the trainer pulled them before its step; "
+            "auto: `pipeline.prefetch_auto`, the sampling loader or the synchronous loop, whichever was "
+            "faster in the first epoch's halves, with how many trainers kept the loader) "
+            "against `pipeline.prefetch=0` of the same suites, repeated "
             "in both orders. Epoch time: median (min-max) over all epochs of all runs of a side; "
             "application bytes per batch (the same work either way); wait = the main thread's sampling "
             "and feature-pull wait per batch; per repeat: the two loops ran back to back, the ratio of "
@@ -90,10 +93,10 @@ def prefetch_pairs(runs: List[dict]) -> List[str]:
             "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
-LOADERS = {False: "sampling", True: "sampling and pull"}  # by pulls_ahead
+FAMILIES = ("prefetch", "auto")  # bench=parity's suites of prefetch against the synchronous loop
 
 
-def _prefetch_row(ds, layers, bw, loader: str, on: List[dict], off: List[dict]) -> Optional[str]:
+def _prefetch_row(ds, layers, bw, name: str, on: List[dict], off: List[dict]) -> Optional[str]:
     if not on or not off:
         return None
     times = [sorted(t for s in g for t in (s.get("epoch_times_s") or [])) for g in (on, off)]
@@ -113,7 +116,10 @@ def _prefetch_row(ds, layers, bw, loader: str, on: List[dict], off: List[dict]) 
     verdict = ("yes" if t1 <= t0 else "no") + (" (ranges overlap)" if overlap else "")
     ratios = paired_ratios(on, off, median_epoch_s)
     pairs, faster = spread(ratios), sum(1 for r in ratios if r <= 1.0)
-    return (f"| {ds} | {layers} | {bw} | {loader} | {len(on)} / {len(off)} | {t1:.2f} ({times[0][0]:.2f}-"
+    if name == "auto":  # trainers that kept the loader after their first epoch, of all
+        kept = [s for s in on if s.get("prefetch_kept") is not None]
+        name += f" (kept {sum(s['prefetch_kept'] for s in kept)} of {sum(s.get('trainers') or 0 for s in kept)})"
+    return (f"| {ds} | {layers} | {bw} | {name} | {len(on)} / {len(off)} | {t1:.2f} ({times[0][0]:.2f}-"
             f"{times[0][-1]:.2f}) / {t0:.2f} ({times[1][0]:.2f}-{times[1][-1]:.2f}) | **{t1 / t0:.2f}x** | "
             f"{kb(mean_of(on, 'app_bytes_per_batch'))} / {kb(mean_of(off, 'app_bytes_per_batch'))} | "
             f"{wait(on) * 1000:.0f} / {wait(off) * 1000:.0f} | {paired_cell(pairs)} | "

@@ -19,10 +19,13 @@ and only then lets the thread sample the next batch, which it does during the st
 client, used by one thread at a time; the pull never queues on the link behind the all-reduce or
 in front of it). With `prefetch_pull=true` the thread pulls the rows too and `owner_wait` is
 zero. The bytes are the same either way: they are counted from the batch by the main thread.
-prefetch=0 is the synchronous loop. Both tasks prefetch (a link batch is sampled and pulled the
-same way). DGL's own sampler processes (DGL_NUM_SAMPLER > 0) are not used
-(each is a process with its own RPC connections, docs/pipelines.md); prefetch_pull=false is their
-layout (sampling ahead, the pull in the trainer) in a thread.
+prefetch=0 is the synchronous loop. With `pipeline.prefetch_auto=true` each trainer trains the
+first half of its first epoch synchronously and the second half with the loader, and keeps the
+loop whose median batch was faster (`prefetch.prefetch_is_faster`): on a machine whose CPU is its
+bottleneck the thread's work slows the step by what it hides. Both tasks prefetch (a link batch
+is sampled and pulled the same way). DGL's own sampler processes (DGL_NUM_SAMPLER > 0) are not
+used (each is a process with its own RPC connections, docs/pipelines.md); prefetch_pull=false is
+their layout (sampling ahead, the pull in the trainer) in a thread.
 
 `pipeline.halo_cache=true` (an ablation of LAMP's halo replica, bench=lamp's ablation-owners):
 the features of the machine's 1-hop halo nodes (the nodes of other machines its DGL partition
@@ -32,6 +35,8 @@ remote input nodes' rows (`HaloCache`). The `features` bytes count those rows on
 """
 from __future__ import annotations
 
+import itertools
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -44,7 +49,7 @@ from torch.nn.parallel import DistributedDataParallel
 from degnn.metrics import ID_BYTES, ring_allreduce_bytes, sampling_bytes, timed_allreduce_hook
 from degnn.pipelines.base import Pipeline
 from degnn.pipelines.distdgl.config import DistDGLConfig
-from degnn.pipelines.distdgl.prefetch import Prefetcher
+from degnn.pipelines.distdgl.prefetch import Prefetcher, prefetch_is_faster
 from degnn.runtime.device import to_device
 
 CACHE_CHUNK_BYTES = 32 * 2**20  # the halo copy is read in pieces of about this much
@@ -98,6 +103,11 @@ class DistDGLSummary:
     prefetch_pull: bool  # the thread pulls too (else the main thread does: owner_wait)
     prefetch_sampling_s_per_batch: Optional[float]
     prefetch_pull_s_per_batch: Optional[float]
+    # prefetch_auto: trainers that kept the loader after their first epoch (None: no choice made),
+    # and the first epoch's median seconds per batch of each half (mean over trainers)
+    prefetch_auto: bool
+    prefetch_kept: Optional[int]
+    prefetch_probe_s_per_batch: Optional[dict]
 
 
 def check_distdgl_config(pcfg) -> None:
@@ -123,6 +133,10 @@ class DistDGLPipeline(Pipeline):
         self.prefetch = int(cfg.pipeline.prefetch)
         # the prefetch thread pulls too (else: the main thread pulls, then the thread samples on)
         self.prefetch_pull = bool(cfg.pipeline.prefetch_pull)
+        # prefetch_auto: None until the first epoch has timed both loops, then whether to prefetch
+        self.prefetch_auto = bool(cfg.pipeline.prefetch_auto) and self.prefetch > 0
+        self.keep_prefetch: Optional[bool] = None if self.prefetch_auto else self.prefetch > 0
+        self.probe: Optional[dict] = None  # the first epoch's median batch, each half
         self._rpc = threading.Lock()  # DGL's RPC client: one thread at a time
         self._prefetcher: Optional[Prefetcher] = None
         self.background = {"sampling": 0.0, "pull": 0.0, "batches": 0}  # the prefetch thread's own time
@@ -156,20 +170,45 @@ class DistDGLPipeline(Pipeline):
         return self.cfg.train.batches_per_epoch or -(-len(self.train_ids) // self.cfg.train.batch_size)
 
     def batches_of(self, epoch: int) -> Iterator:
-        """The epoch's batches: as sampled (prefetch 0; `step` pulls their inputs), or each with its
-        inputs, built by a background thread up to `pipeline.prefetch` batches ahead (the thread
-        has ended when the epoch's last batch is taken, or when training stops early)."""
+        """The epoch's batches: as sampled (synchronous; `step` pulls their inputs), or from a
+        background thread up to `pipeline.prefetch` batches ahead (with their inputs where
+        `prefetch_pull`; the thread has ended when the epoch's last batch is taken, or when training
+        stops early); with prefetch_auto, until the first epoch has chosen, half of each."""
         self.ddp.train()
-        if not self.prefetch:
+        if self.keep_prefetch is None:
+            yield from self._probed()
+        elif self.keep_prefetch:
+            yield from self._prefetched(self._sampled())
+        else:
             yield from self._sampled()
-            return
+
+    def _prefetched(self, batches: Iterator) -> Iterator:
         # without prefetch_pull the thread's next batch waits until the step has pulled (`_step`)
-        self._prefetcher = Prefetcher(self._fetched(self._sampled()), self.prefetch,
-                                      release_on_take=self.prefetch_pull)
+        self._prefetcher = Prefetcher(self._fetched(batches), self.prefetch, release_on_take=self.prefetch_pull)
         try:
             yield from self._prefetcher
         finally:
             self._close_prefetcher()
+
+    def _probed(self) -> Iterator:
+        """prefetch_auto's first epoch: its first half synchronous, the rest from the loader, each
+        batch timed from one resumption to the next (its wait and its step); then the choice."""
+        batches, half = self._sampled(), (self.batches_per_epoch() or 0) // 2
+        times: dict = {"sync": [], "prefetch": []}
+        t = time.perf_counter()
+        for loop, items in (("sync", itertools.islice(batches, half)), ("prefetch", self._prefetched(batches))):
+            for item in items:
+                yield item
+                now = time.perf_counter()
+                times[loop].append(now - t)
+                t = now
+        faster = prefetch_is_faster(times["sync"], times["prefetch"])
+        self.keep_prefetch = True if faster is None else faster
+        self.probe = {k: statistics.median(v[1:]) if len(v) > 1 else None for k, v in times.items()}
+        self.log.info("distdgl prefetch_auto: median batch %s synchronous, %s with the loader: %s",
+                      *(f"{v * 1000:.0f} ms" if v else "-" for v in self.probe.values()),
+                      "too few batches to tell, prefetching" if faster is None
+                      else "prefetching" if faster else "synchronous from now on")
 
     def _sampled(self) -> Iterator:
         """One pass over the loader, or (train.batches_per_epoch=N) the next N batches of it,
@@ -221,7 +260,8 @@ class DistDGLPipeline(Pipeline):
 
     def _step(self, item) -> float:
         task, counter = self.task, self.ctx.counter
-        pulled = self.prefetch and self.prefetch_pull  # the thread brought the rows with the batch
+        # the thread brought the rows with the batch
+        pulled = self._prefetcher is not None and self.prefetch_pull
         batch = item[0] if pulled else item
         input_nodes, blocks = batch[0], batch[-1]
         remote = self.pb.nid2partid(input_nodes) != self.pb.partid
@@ -253,7 +293,8 @@ class DistDGLPipeline(Pipeline):
 
     def rank_stats(self) -> dict:
         return {"rows": dict(self.rows), "cache_rows": None if self.cache is None else len(self.cache.gids),
-                "background": dict(self.background)}
+                "background": dict(self.background), "kept": self.keep_prefetch if self.probe else None,
+                "probe": self.probe}
 
     def summary_extra(self, ranks: List[dict], context: dict) -> DistDGLSummary:
         batches = sum(r["batches"] for r in ranks) or 1
@@ -265,7 +306,13 @@ class DistDGLPipeline(Pipeline):
                 return None
             return round(sum(r["background"][key] for r in ranks) / built, 5)
 
+        probes = [r["probe"] for r in ranks if r["probe"]]
+        probe = None
+        if probes:
+            probe = {k: round(sum(p[k] for p in probes) / len(probes), 5) if all(p[k] for p in probes) else None
+                     for k in ("sync", "prefetch")}
         return DistDGLSummary(on, sum(r["cache_rows"] for r in ranks) if on else None,
                               sum(r["rows"]["cached"] for r in ranks) / batches if on else None,
                               sum(r["rows"]["pulled"] for r in ranks) / batches,
-                              self.prefetch, self.prefetch_pull, per_batch("sampling"), per_batch("pull"))
+                              self.prefetch, self.prefetch_pull, per_batch("sampling"), per_batch("pull"),
+                              self.prefetch_auto, sum(bool(r["kept"]) for r in ranks) if probes else None, probe)

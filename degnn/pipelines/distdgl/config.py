@@ -19,9 +19,15 @@ class DistDGLConfig(PipelineConfig):
     # whether that thread also pulls the batch's features and labels (true), or only samples, the
     # main thread pulling them before its step (false, the default: DGL's own sampler-process
     # layout). One RPC client serves both threads, so with false the thread samples the next batch
-    # once this batch's pull is done: the pull never shares the link with the all-reduce, and the
-    # loop is never slower than the synchronous one (bench=parity measures both loaders)
+    # once this batch's pull is done: the pull never shares the link with the all-reduce. On a
+    # machine whose CPU is the bottleneck the thread's work slows the step as much as it hides
+    # (bench=parity measures both loaders against the synchronous loop)
     prefetch_pull: bool = False
+    # with prefetch >= 1: each trainer trains the first half of its first epoch synchronously and
+    # the second half with the loader, then keeps the loop whose median batch was faster for the
+    # rest of the run (summary: prefetch_kept, prefetch_probe_s_per_batch). For machines whose
+    # bottleneck is not known in advance; a one-epoch run never uses the choice
+    prefetch_auto: bool = False
     # read the features of the machine's 1-hop halo nodes (the partition's halo, as LAMP's trainer
     # does) from a local copy made once at setup (setup_bytes); sampling still goes through the
     # graph servers and only the other remote rows are pulled (bench=lamp's ablation-owners: what

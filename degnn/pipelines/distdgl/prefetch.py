@@ -1,9 +1,9 @@
 """distdgl's prefetching loader (`pipeline.prefetch=k`): a background thread builds the next k
-batches (DGL's sampling through the graph servers, then the feature and label pulls) while the
-trainer's main thread trains on the current one.
+batches (DGL's sampling through the graph servers, and with `prefetch_pull` the feature and label
+pulls) while the trainer's main thread trains on the current one.
 
-The thread is the only one that touches DGL's RPC client while it runs: the main thread does no
-DGL RPC during an epoch (its all-reduce is gloo's), and every epoch's thread has ended before
+DGL's RPC client serves one thread at a time: the pipeline holds one lock around every use of it
+(the thread's sampling and pulls, the trainer's pulls), and every epoch's thread has ended before
 `close()` returns, so evaluation and the next epoch never share the client with it. DGL's calls
 into its C++ library release the GIL, so the thread's waits on other machines leave the CPU to
 the main thread's forward and backward.
@@ -11,8 +11,9 @@ the main thread's forward and backward.
 from __future__ import annotations
 
 import queue
+import statistics
 import threading
-from typing import Iterator
+from typing import Iterator, List, Optional
 
 _END = object()
 
@@ -95,3 +96,17 @@ class Prefetcher:
         if self._thread is not threading.current_thread():
             self._thread.join(self._join_s)
         return not self._thread.is_alive()
+
+
+PROBE_MIN_BATCHES = 4  # timed batches a half of the first epoch needs (after its first) to choose
+
+
+def prefetch_is_faster(sync_s: List[float], prefetch_s: List[float]) -> Optional[bool]:
+    """`pipeline.prefetch_auto`'s choice from the first epoch's batch times (seconds from one
+    batch to the next): the synchronous half's, then the loader's. Each half's first batch is left
+    out (the loop's warm-up; the loader's first batch had no lead) and the medians compared; None
+    when a half has fewer than PROBE_MIN_BATCHES others (too few to tell)."""
+    sync_s, prefetch_s = sync_s[1:], prefetch_s[1:]
+    if min(len(sync_s), len(prefetch_s)) < PROBE_MIN_BATCHES:
+        return None
+    return statistics.median(prefetch_s) < statistics.median(sync_s)
