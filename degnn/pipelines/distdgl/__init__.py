@@ -20,7 +20,7 @@ client, used by one thread at a time; the pull never queues on the link behind t
 in front of it). With `prefetch_pull=true` the thread pulls the rows too and `owner_wait` is
 zero. The bytes are the same either way: they are counted from the batch by the main thread.
 prefetch=0 is the synchronous loop. With `pipeline.prefetch_auto=true` each trainer trains the
-first half of its first epoch synchronously and the second half with the loader, and keeps the
+first half of its first epoch with the loader and the second half synchronously, and keeps the
 loop whose median batch was faster (`prefetch.prefetch_is_faster`): on a machine whose CPU is its
 bottleneck the thread's work slows the step by what it hides. Both tasks prefetch (a link batch
 is sampled and pulled the same way). DGL's own sampler processes (DGL_NUM_SAMPLER > 0) are not
@@ -191,12 +191,16 @@ class DistDGLPipeline(Pipeline):
             self._close_prefetcher()
 
     def _probed(self) -> Iterator:
-        """prefetch_auto's first epoch: its first half synchronous, the rest from the loader, each
-        batch timed from one resumption to the next (its wait and its step); then the choice."""
+        """prefetch_auto's first epoch: its first half from the loader, the rest synchronous, each
+        batch timed from one resumption to the next (its wait and its step); then the choice. The
+        loader goes first: what is left of the warm-up (DGL's first RPCs, shared-memory pages
+        touched for the first time) then counts against it, and a close call goes to the
+        synchronous loop."""
         batches, half = self._sampled(), (self.batches_per_epoch() or 0) // 2
         times: dict = {"sync": [], "prefetch": []}
         t = time.perf_counter()
-        for loop, items in (("sync", itertools.islice(batches, half)), ("prefetch", self._prefetched(batches))):
+        # the thread's source ends after `half` batches: the synchronous half goes on from there
+        for loop, items in (("prefetch", self._prefetched(itertools.islice(batches, half))), ("sync", batches)):
             for item in items:
                 yield item
                 now = time.perf_counter()

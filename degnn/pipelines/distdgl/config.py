@@ -23,8 +23,8 @@ class DistDGLConfig(PipelineConfig):
     # machine whose CPU is the bottleneck the thread's work slows the step as much as it hides
     # (bench=parity measures both loaders against the synchronous loop)
     prefetch_pull: bool = False
-    # with prefetch >= 1: each trainer trains the first half of its first epoch synchronously and
-    # the second half with the loader, then keeps the loop whose median batch was faster for the
+    # with prefetch >= 1: each trainer trains the first half of its first epoch with the loader and
+    # the second half synchronously, then keeps the loop whose median batch was faster for the
     # rest of the run (summary: prefetch_kept, prefetch_probe_s_per_batch). For machines whose
     # bottleneck is not known in advance; a one-epoch run never uses the choice
     prefetch_auto: bool = False

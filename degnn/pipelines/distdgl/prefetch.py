@@ -103,8 +103,9 @@ PROBE_MIN_BATCHES = 4  # timed batches a half of the first epoch needs (after it
 
 def prefetch_is_faster(sync_s: List[float], prefetch_s: List[float]) -> Optional[bool]:
     """`pipeline.prefetch_auto`'s choice from the first epoch's batch times (seconds from one
-    batch to the next): the synchronous half's, then the loader's. Each half's first batch is left
-    out (the loop's warm-up; the loader's first batch had no lead) and the medians compared; None
+    batch to the next) of its synchronous half and its loader's half. Each half's first batch is
+    left out (the loader's had no lead and the loop's warm-up; the synchronous half's first
+    follows the loader's end) and the medians compared; None
     when a half has fewer than PROBE_MIN_BATCHES others (too few to tell)."""
     sync_s, prefetch_s = sync_s[1:], prefetch_s[1:]
     if min(len(sync_s), len(prefetch_s)) < PROBE_MIN_BATCHES:
