@@ -11,6 +11,7 @@ writes benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from typing import Dict, List, Tuple
 import hydra
 from omegaconf import DictConfig
 
+import degnn
 from degnn.config import CONF_DIR, register_configs
 
 from .host_probe import probe_s
@@ -129,7 +131,11 @@ def main(cfg: DictConfig) -> None:
     probes: Dict[Tuple[str, int], float] = {}  # the host's speed just before each suite
     if not cfg.report_only:
         t0 = time.time()
-        commit = git_commit(Path.cwd())
+        # the runs import degnn from this checkout (the one this bench runs from), not from where
+        # an editable install points, and its records name this checkout's commit
+        code = Path(degnn.__file__).resolve().parent.parent
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(code), os.environ.get("PYTHONPATH")) if p)}
+        commit = git_commit(code)
         for rep, pos, suite in plan(cfg.bench):
             missing = missing_datasets(suite) if suite.only_on_disk else []
             if missing:
@@ -150,7 +156,7 @@ def main(cfg: DictConfig) -> None:
                        f"hydra.sweep.dir={sweep_dir(out, cfg.bench, suite, rep)}", f"hydra.sweep.subdir={subdir}"]
                 print(f"bench {cfg.bench.name}: repeat {rep + 1}/{cfg.bench.repeats}, suite {suite.name} "
                       f"(host probe {probes[(suite.name, rep)]:.3f} s): {' '.join(cmd[1:])}", flush=True)
-                rc = subprocess.run(cmd, cwd=out.parent).returncode or rc
+                rc = subprocess.run(cmd, cwd=out.parent, env=env).returncode or rc
             if rc != 0:
                 failed.append(f"{suite.name} (repeat {rep + 1})")
                 print(f"bench: suite {suite.name} failed (exit {rc}); its runs are reported as far as they got",
