@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from .records import bandwidth, pulls_ahead
+from .records import bandwidth, loader_label, pulls_ahead
 
 # which phase each byte category's time falls in
 CATEGORY_PHASE = {"sampling": "sampling", "features": "owner_wait", "allreduce": "allreduce",
@@ -355,8 +355,7 @@ def _exposed(s: dict) -> bool:
 def _setting(s: dict) -> str:
     cpus = s.get("cpus_per_machine")
     loop = f" prefetch {s['prefetch']}" if s.get("pipeline") == "distdgl" and s.get("prefetch") is not None else ""
-    loop += " (sampling)" if loop and s.get("prefetch") and not pulls_ahead(s) else ""
-    loop += " auto" if loop and s.get("prefetch_auto") else ""
+    loop += loader_label(s) if loop else ""
     loop += " halo cache" if s.get("halo_cache") else ""
     loop += f" roots={s['roots']}" if s.get("roots", "owners") != "owners" else ""
     return (f"{s.get('pipeline')}{loop} {s.get('dataset')} L{s.get('layers')} {bandwidth(s) or 'unlimited'} "

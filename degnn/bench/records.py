@@ -76,6 +76,13 @@ def loader(s: dict) -> str:
     return "sampling and pull" if pulls_ahead(s) else "sampling"
 
 
+def loader_label(s: dict) -> str:
+    """` (sampling)` or ` (auto)` after a prefetching distdgl run's name; nothing for the loader
+    that pulls too (the runs before pipeline.prefetch_pull existed had only it)."""
+    name = loader(s) if s.get("prefetch") else "sampling and pull"
+    return "" if name == "sampling and pull" else f" ({name})"
+
+
 def repeat_of(rel: str) -> int:
     """The repeat of a run from its folder (`<suite>/r<k>/<job>`; 0 without a repeat folder)."""
     parts = rel.split("/")

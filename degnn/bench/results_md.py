@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .records import RECORDS_DIR, as_run, current, loader, read_records
+from .records import RECORDS_DIR, as_run, current, loader_label, read_records
 
 RESULTS = Path("benchmarks") / "RESULTS.md"
 DETAILS_NAME = "DETAILS.md"  # beside RESULTS.md
@@ -102,7 +102,7 @@ def repeat_spread(records: List[dict]) -> List[str]:
         cpus, prefetch = run.get("cpus_per_machine"), run.get("prefetch")
         name = report.label(run) + (f" {cpus:g} CPUs" if cpus else "")
         if run.get("pipeline") == "distdgl" and prefetch is not None:
-            name += f" prefetch {prefetch}" + (f" ({loader(run)})" if prefetch and loader(run) != "sampling and pull" else "")
+            name += f" prefetch {prefetch}" + loader_label(run)
         host = spread(r.get("host_probe_s") for r in group)
         rows.append(f"| {group[0]['suite']} | {name} | {s.n} | {cell(s)} | {share(s)} | "
                     f"{share(host) if host is not None and host.n == s.n else '–'} |")

@@ -60,11 +60,12 @@ def prefetch_pairs(runs: List[dict]) -> List[str]:
     sampling only, sampling and pull, or the first epoch's choice) against prefetch=0 of the same
     suite family for each dataset, layer count and bandwidth, the repeats of both orders pooled
     (epoch times of all runs of a side: median and min-max)."""
-    ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") == "distdgl"
-          and s["_rel"].split("-")[0] in FAMILIES]
     by_key: Dict[tuple, Dict[str, List[dict]]] = {}
-    for s in ok:
-        key = (s["dataset"], s.get("layers") or 0, bandwidth(s) or "unlimited", s["_rel"].split("-")[0])
+    for s in runs:
+        family = s["_rel"].split("-")[0]
+        if s.get("status") != "ok" or s.get("pipeline") != "distdgl" or family not in FAMILIES:
+            continue
+        key = (s["dataset"], s.get("layers") or 0, bandwidth(s) or "unlimited", family)
         loop = loader(s) if int(s.get("prefetch") or 0) == 1 else "sync" if not s.get("prefetch") else None
         if loop:
             by_key.setdefault(key, {}).setdefault(loop, []).append(s)

@@ -36,7 +36,6 @@ remote input nodes' rows (`HaloCache`). The `features` bytes count those rows on
 from __future__ import annotations
 
 import itertools
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from torch.nn.parallel import DistributedDataParallel
 from degnn.metrics import ID_BYTES, ring_allreduce_bytes, sampling_bytes, timed_allreduce_hook
 from degnn.pipelines.base import Pipeline
 from degnn.pipelines.distdgl.config import DistDGLConfig
-from degnn.pipelines.distdgl.prefetch import Prefetcher, prefetch_is_faster
+from degnn.pipelines.distdgl.prefetch import Prefetcher, prefetch_is_faster, probe_median
 from degnn.runtime.device import to_device
 
 CACHE_CHUNK_BYTES = 32 * 2**20  # the halo copy is read in pieces of about this much
@@ -208,7 +207,7 @@ class DistDGLPipeline(Pipeline):
                 t = now
         faster = prefetch_is_faster(times["sync"], times["prefetch"])
         self.keep_prefetch = True if faster is None else faster
-        self.probe = {k: statistics.median(v[1:]) if len(v) > 1 else None for k, v in times.items()}
+        self.probe = {k: probe_median(v) for k, v in times.items()}
         self.log.info("distdgl prefetch_auto: median batch %s synchronous, %s with the loader: %s",
                       *(f"{v * 1000:.0f} ms" if v else "-" for v in self.probe.values()),
                       "too few batches to tell, prefetching" if faster is None

@@ -107,7 +107,11 @@ def prefetch_is_faster(sync_s: List[float], prefetch_s: List[float]) -> Optional
     left out (the loader's had no lead and the loop's warm-up; the synchronous half's first
     follows the loader's end) and the medians compared; None
     when a half has fewer than PROBE_MIN_BATCHES others (too few to tell)."""
-    sync_s, prefetch_s = sync_s[1:], prefetch_s[1:]
-    if min(len(sync_s), len(prefetch_s)) < PROBE_MIN_BATCHES:
+    if min(len(sync_s), len(prefetch_s)) - 1 < PROBE_MIN_BATCHES:
         return None
-    return statistics.median(prefetch_s) < statistics.median(sync_s)
+    return probe_median(prefetch_s) < probe_median(sync_s)
+
+
+def probe_median(times: List[float]) -> Optional[float]:
+    """The median batch of one half, its first batch left out (None: no other batch)."""
+    return statistics.median(times[1:]) if len(times) > 1 else None
