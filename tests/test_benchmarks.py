@@ -118,6 +118,38 @@ def test_a_time_to_target_suite_runs_per_dataset_at_its_converged_baselines_targ
         jobs(tmp_path, bench, fast)
 
 
+def test_a_time_to_target_suite_run_alone_takes_the_committed_converged_runs_target(tmp_path, capsys):
+    """bench.only naming the compared suites only: the target comes from the newest committed
+    invocation of the converged suite (the one the report reads too), not an older one."""
+    from omegaconf import OmegaConf
+
+    from degnn.bench.__main__ import TargetError, jobs
+    from degnn.bench.records import append
+    from degnn.config import BenchConfig, SuiteConfig
+
+    conv = SuiteConfig(name="conv", overrides=["dataset=wordnet", "train.epochs=40"])
+    fast = SuiteConfig(name="fast", target_from="conv", overrides=["dataset=wordnet", "pipeline=lamp"])
+    bench = OmegaConf.structured(BenchConfig(name="b", suites=[conv, fast], cpus_per_machine=None))
+    records, out = tmp_path / "records", tmp_path / "out"
+    with pytest.raises(TargetError, match="nor in the committed records"):
+        jobs(out, bench, bench.suites[1], records)
+
+    def record(invocation, best, epochs, rep):
+        return {"bench": "b", "suite": "conv", "run": f"conv/r{rep}/0", "repeat": rep, "order": 0, "commit": "abc1234",
+                "invocation": invocation, "summary": {"status": "ok", "dataset": "wordnet", "best_val": best, "epochs": epochs}}
+
+    append(records / "b.jsonl", [record("2026-01-01T00:00:00Z", 0.60, 9, 0),
+                                 record("2026-02-01T00:00:00Z", 0.70, 20, 0), record("2026-02-01T00:00:00Z", 0.74, 22, 1)])
+    (job, _), = jobs(out, bench, bench.suites[1], records)
+    assert job[-2:] == ["train.target_val=0.71", "train.epochs=22"]
+    assert "committed records of suite conv (commit abc1234, run 2026-02-01T00:00:00Z)" in capsys.readouterr().out
+    # this invocation's own converged runs come first
+    (out / "conv" / "0").mkdir(parents=True)
+    (out / "conv" / "0" / "summary.json").write_text(json.dumps({"status": "ok", "dataset": "wordnet", "best_val": 0.8, "epochs": 5}))
+    (job, _), = jobs(out, bench, bench.suites[1], records)
+    assert job[-2:] == ["train.target_val=0.79", "train.epochs=5"]
+
+
 def test_ogb_suites_run_only_when_the_data_is_on_disk(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
 

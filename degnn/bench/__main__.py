@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import hydra
 from omegaconf import DictConfig
@@ -80,33 +80,47 @@ class TargetError(RuntimeError):
     """A time-to-target suite without its converged baseline's runs."""
 
 
-def targets(out: Path, bench, suite) -> Dict[str, Tuple[float, int]]:
+def targets(out: Path, bench, suite, records: Optional[Path] = None) -> Dict[str, Tuple[float, int]]:
     """A time-to-target suite's target and epoch cap per dataset, from the runs of the suite it
-    names (`target_from`, this invocation's, every repeat): the median best validation minus
-    `bench.target_margin`, and the most epochs one of them trained (the compared runs get as many
-    epochs as the baseline needed to converge, so one that never reaches the target still ends)."""
+    names (`target_from`, every repeat): the median best validation minus `bench.target_margin`,
+    and the most epochs one of them trained (the compared runs get as many epochs as the baseline
+    needed to converge, so one that never reaches the target still ends). The runs are this
+    invocation's; where it has none (bench.only left that suite out), the newest committed records
+    of it in `records`, so that a long bench can run its compared suites in separate invocations
+    against one converged baseline (the report takes the target from those same records)."""
     import statistics
 
+    from .records import as_run, current, read_records
     from .report import collect
 
-    found: Dict[str, List[dict]] = {}
-    for s in collect(out / suite.target_from):
-        if s.get("status") == "ok" and s.get("best_val") is not None:
-            found.setdefault(s["dataset"], []).append(s)
+    def finished(runs) -> Dict[str, List[dict]]:
+        found: Dict[str, List[dict]] = {}
+        for s in runs:
+            if s.get("status") == "ok" and s.get("best_val") is not None:
+                found.setdefault(s["dataset"], []).append(s)
+        return found
+
+    found = finished(collect(out / suite.target_from))
+    if not found and records is not None and (records / f"{bench.name}.jsonl").exists():
+        committed = [r for r in current(read_records(records)) if (r["bench"], r["suite"]) == (bench.name, suite.target_from)]
+        found = finished(as_run(r) for r in committed)
+        if found:
+            print(f"bench {bench.name}: suite {suite.name} takes its target from the committed records of suite "
+                  f"{suite.target_from} (commit {committed[0]['commit']}, run {committed[0]['invocation']})", flush=True)
     if not found:
         raise TargetError(f"suite {suite.name} takes its target from suite {suite.target_from}, which has no "
-                          f"finished run in {out}: run it first (bench.only must name both)")
+                          f"finished run in {out} nor in the committed records: run it first (bench.only must name both)")
     return {ds: (round(statistics.median(s["best_val"] for s in ss) - bench.target_margin, 4),
                  max(int(s["epochs"]) for s in ss)) for ds, ss in found.items()}
 
 
-def jobs(out: Path, bench, suite) -> List[Tuple[List[str], str]]:
+def jobs(out: Path, bench, suite, records: Optional[Path] = None) -> List[Tuple[List[str], str]]:
     """The multiruns of a suite: (overrides, sweep subdir). A time-to-target suite runs once per
     dataset, with that dataset's target and epoch cap; any other suite is one multirun."""
     overrides = suite_overrides(bench, suite)
     if not suite.target_from:
         return [(overrides, "${hydra.job.num}")]
-    per_dataset = targets(out, bench, suite)
+    per_dataset = targets(out, bench, suite, records)
     names = [o.split("=", 1)[1].split(",") for o in overrides if o.startswith("dataset=")]
     missing = [ds for ds in (names[0] if names else []) if ds not in per_dataset]
     if not names or missing:
@@ -144,7 +158,7 @@ def main(cfg: DictConfig) -> None:
                 continue
             orders[(suite.name, rep)] = pos
             try:
-                multiruns = jobs(out, cfg.bench, suite)
+                multiruns = jobs(out, cfg.bench, suite, Path(cfg.records).resolve() if cfg.records else None)
             except TargetError as e:
                 print(f"bench: {e}", file=sys.stderr, flush=True)
                 failed.append(f"{suite.name} (repeat {rep + 1})")
