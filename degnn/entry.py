@@ -117,6 +117,9 @@ def run_server(cfg, run_dir: Path) -> None:
 
     mapped_feats.install()
     log.info("serving %s as server %s", os.environ["DGL_CONF_PATH"], os.environ["DGL_SERVER_ID"])
+    from degnn.runtime.rendezvous import shorten_connect_back_wait
+
+    shorten_connect_back_wait()  # not DGL's fixed 3 s before it connects back to the trainers
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])  # never returns in a server
 
 
@@ -143,6 +146,7 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     from degnn.runtime import services
     from degnn.runtime.context import RunContext
     from degnn.runtime.partition_info import read_partition_json
+    from degnn.runtime.rendezvous import wait_for_servers
     from degnn.runtime.store import init_process_group
 
     require_env("DGL_CONF_PATH", "DGL_IP_CONFIG", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")
@@ -164,6 +168,8 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     services.register(cfg.pipeline.services)
     t0 = time.time()
     wire0 = WireCounter.from_env().read() if local_rank == 0 else None
+    # connect once the servers listen: a first try before that costs DGL's 3 s retry (rendezvous.py)
+    waited = wait_for_servers(os.environ["DGL_IP_CONFIG"], int(os.environ.get("DGL_NUM_SERVER", "1")))
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])
     if gloo:
         # rank 0's store listens on MASTER_ADDR only, not on every interface
@@ -171,9 +177,9 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     torch.manual_seed(cfg.train.seed + rank)
     graph = dgl.distributed.DistGraph(meta["graph_name"], part_config=str(part_config))
     check_partition_data(task, graph, part_config)
-    log.info("rank %d/%d (local %d) up in %.1fs; graph %s: %d nodes, %d edges, %d machines",
-             rank, world, local_rank, time.time() - t0, meta["graph_name"], graph.num_nodes(),
-             graph.num_edges(), machines)
+    log.info("rank %d/%d (local %d) up in %.1fs (%.1fs of it waiting for the servers to listen); graph %s: "
+             "%d nodes, %d edges, %d machines", rank, world, local_rank, time.time() - t0, waited,
+             meta["graph_name"], graph.num_nodes(), graph.num_edges(), machines)
     ctx = RunContext(cfg=cfg, run_dir=run_dir, rank=rank, world_size=world, local_rank=local_rank,
                      machines=machines, part_config=part_config, graph=graph, log=log,
                      heartbeat=heartbeat, device=device, started=t0,

@@ -166,6 +166,8 @@ def trainer_checks(rank: int, machine: int, run_dir: str) -> dict:
 def dgl_trainer(rank: int) -> dict:
     import dgl
     import torch
+    from degnn.runtime.rendezvous import wait_for_servers
+    wait_for_servers(E["DGL_IP_CONFIG"], int(E.get("DGL_NUM_SERVER", "1")))  # as degnn.train starts
     dgl.distributed.initialize(E["DGL_IP_CONFIG"])
     meta = json.load(open(E["DGL_CONF_PATH"]))
     g = dgl.distributed.DistGraph(meta["graph_name"], part_config=E["DGL_CONF_PATH"])
@@ -214,6 +216,8 @@ def main() -> None:
     if E.get("FAKE_DGL") == "1":
         if role == "server":
             import dgl
+            from degnn.runtime.rendezvous import shorten_connect_back_wait
+            shorten_connect_back_wait()  # as degnn.train's servers start
             dgl.distributed.initialize(E["DGL_IP_CONFIG"])  # never returns in a server
             return
     elif role == "server":

@@ -38,6 +38,11 @@ def trainer(argv) -> int:
     cfg = compose_config(overrides)
     run_dir = run_dir_from(overrides)
     services.register(cfg.pipeline.services)
+    from degnn.runtime.rendezvous import shorten_connect_back_wait, wait_for_servers
+    if os.environ.get("DGL_ROLE") == "server":  # started as degnn.train starts (rendezvous.py)
+        shorten_connect_back_wait()
+    else:
+        wait_for_servers(os.environ["DGL_IP_CONFIG"], int(os.environ.get("DGL_NUM_SERVER", "1")))
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -384,6 +384,7 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
                          console=getattr(out, "buffer", None), say=say,
                          tolerate_trainer_faults=tolerates_trainer_faults(cfg),
                          signals=signals, local_pids=cl.kind != "ssh",
+                         tell_server_pids=cl.kind in ("local", "netns"),
                          enter=(lambda p: limits.enter(p.machine)) if limits.dirs else None,
                          limits=limits if limits.dirs else None)
         signals.leftovers.append(lambda: [f"processes {', '.join(sup.left_running())}"]

@@ -26,9 +26,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, IO, List, Optional, Tuple
+from typing import Callable, Dict, IO, List, Optional, Tuple
 
 from degnn.proc import die_with_parent
+from degnn.runtime.rendezvous import PIDS_ENV
 
 from .faults import disk_note, first_error, is_banner, killed_rss_kb, oom_counts, oom_note
 from .hang import HangWatch, process_state
@@ -247,8 +248,11 @@ class Supervisor:
                  tee_rank: Optional[int] = 0, say: Callable[[str], None] = None,
                  tolerate_trainer_faults: bool = False, signals: Optional[Signals] = None,
                  enter: Optional[Callable[[Proc], None]] = None, limits=None,
-                 local_pids: bool = True):
+                 local_pids: bool = True, tell_server_pids: bool = False):
         self.plan = plan
+        # whether the trainers get the servers' pids (DEGNN_SERVER_PIDS), to find them listening
+        # in their namespaces before DGL connects (degnn/runtime/rendezvous.py): on this host only
+        self.tell_server_pids = tell_server_pids
         # run in each child between fork and exec (the machine's cgroups: limits.MachineLimits)
         self.enter = enter
         # the machines' limits (limits.MachineLimits): who ran out of memory
@@ -278,7 +282,7 @@ class Supervisor:
         self.running: List[Running] = []
 
     # ---- starting ---------------------------------------------------------------------------
-    def _start(self, proc: Proc) -> Running:
+    def _start(self, proc: Proc, extra_env: Optional[Dict[str, str]] = None) -> Running:
         os.makedirs(os.path.dirname(proc.log), exist_ok=True)
         log = open(proc.log, "ab")
         tee = proc.role == "trainer" and proc.index == self.tee_rank
@@ -290,7 +294,7 @@ class Supervisor:
                 enter(proc)
 
         popen = subprocess.Popen(
-            self.command(proc), env=child_env({**proc.env, "DEGNN_LAUNCHER_PID": str(os.getpid())}),
+            self.command(proc), env=child_env({**proc.env, **(extra_env or {}), "DEGNN_LAUNCHER_PID": str(os.getpid())}),
             cwd=self.cwd,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if tee else log,
             stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec)
@@ -351,8 +355,11 @@ class Supervisor:
         grace = self.stop_grace_s
         try:
             # servers first, as launch.py does; DGL clients retry their connection anyway
-            for proc in self.plan.servers() + self.plan.trainers():
-                self.running.append(self._start(proc))
+            servers = [self._start(proc) for proc in self.plan.servers()]
+            self.running += servers
+            pids = {PIDS_ENV: ",".join(str(r.popen.pid) for r in sorted(servers, key=lambda r: r.proc.index))}
+            for proc in self.plan.trainers():
+                self.running.append(self._start(proc, pids if self.tell_server_pids else None))
             for r in self.running:
                 if r.tee is not None:
                     r.tee.start()
