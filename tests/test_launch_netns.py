@@ -348,7 +348,7 @@ def test_real_trainer_stopped_is_reported_as_hung(tmp_path):
     """kill -STOP one trainer: within cluster.hang_timeout_s + 10 s the launcher names it, stops
     the run with status=failed and leaves nothing behind."""
     run_dir = tmp_path / "run"
-    hang_s = 20
+    hang_s = 10
     p = subprocess.Popen([PY, *REAL, "train.epochs=500", f"cluster.hang_timeout_s={hang_s}",
                           f"hydra.run.dir={run_dir}"], cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
