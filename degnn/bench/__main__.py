@@ -102,14 +102,17 @@ def targets(out: Path, bench, suite, records: Optional[Path] = None) -> Dict[str
 
     found = finished(collect(out / suite.target_from))
     if not found and records is not None and (records / f"{bench.name}.jsonl").exists():
-        committed = [r for r in current(read_records(records)) if (r["bench"], r["suite"]) == (bench.name, suite.target_from)]
+        committed = [r for r in current(read_records(records))
+                     if (r["bench"], r["suite"]) == (bench.name, suite.target_from)]
         found = finished(as_run(r) for r in committed)
         if found:
-            print(f"bench {bench.name}: suite {suite.name} takes its target from the committed records of suite "
-                  f"{suite.target_from} (commit {committed[0]['commit']}, run {committed[0]['invocation']})", flush=True)
+            print(f"bench {bench.name}: suite {suite.name} takes its target from the committed records of "
+                  f"suite {suite.target_from} (commit {committed[0]['commit']}, run {committed[0]['invocation']})",
+                  flush=True)
     if not found:
         raise TargetError(f"suite {suite.name} takes its target from suite {suite.target_from}, which has no "
-                          f"finished run in {out} nor in the committed records: run it first (bench.only must name both)")
+                          f"finished run in {out} nor in the committed records: run it first (bench.only must "
+                          f"name both)")
     return {ds: (round(statistics.median(s["best_val"] for s in ss) - bench.target_margin, 4),
                  max(int(s["epochs"]) for s in ss)) for ds, ss in found.items()}
 

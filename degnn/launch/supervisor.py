@@ -294,7 +294,8 @@ class Supervisor:
                 enter(proc)
 
         popen = subprocess.Popen(
-            self.command(proc), env=child_env({**proc.env, **(extra_env or {}), "DEGNN_LAUNCHER_PID": str(os.getpid())}),
+            self.command(proc),
+            env=child_env({**proc.env, **(extra_env or {}), "DEGNN_LAUNCHER_PID": str(os.getpid())}),
             cwd=self.cwd,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if tee else log,
             stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec)

@@ -45,7 +45,8 @@ def listening_ports(tables: Sequence[str] = ("/proc/net/tcp", "/proc/net/tcp6"))
     return ports
 
 
-def servers_to_wait_for(ip_config: str, num_servers: int, pids: Optional[str] = None) -> List[Tuple[int, Tuple[str, ...]]]:
+def servers_to_wait_for(ip_config: str, num_servers: int,
+                        pids: Optional[str] = None) -> List[Tuple[int, Tuple[str, ...]]]:
     """(port, tables to find it listening in) per server a trainer waits for: every server, in
     its own namespace, where `pids` names one pid per server; else the servers on this host's
     addresses, in this process's namespace. Read with DGL's own ip_config parser and its own list
