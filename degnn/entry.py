@@ -169,7 +169,7 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     t0 = time.time()
     wire0 = WireCounter.from_env().read() if local_rank == 0 else None
     # connect once the servers listen: a first try before that costs DGL's 3 s retry (rendezvous.py)
-    waited = wait_for_servers(os.environ["DGL_IP_CONFIG"], int(os.environ.get("DGL_NUM_SERVER", "1")))
+    waited = wait_for_servers()
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])
     if gloo:
         # rank 0's store listens on MASTER_ADDR only, not on every interface

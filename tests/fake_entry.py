@@ -167,7 +167,7 @@ def dgl_trainer(rank: int) -> dict:
     import dgl
     import torch
     from degnn.runtime.rendezvous import wait_for_servers
-    wait_for_servers(E["DGL_IP_CONFIG"], int(E.get("DGL_NUM_SERVER", "1")))  # as degnn.train starts
+    wait_for_servers()  # as degnn.train starts
     dgl.distributed.initialize(E["DGL_IP_CONFIG"])
     meta = json.load(open(E["DGL_CONF_PATH"]))
     g = dgl.distributed.DistGraph(meta["graph_name"], part_config=E["DGL_CONF_PATH"])

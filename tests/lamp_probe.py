@@ -42,7 +42,7 @@ def trainer(argv) -> int:
     if os.environ.get("DGL_ROLE") == "server":  # started as degnn.train starts (rendezvous.py)
         shorten_connect_back_wait()
     else:
-        wait_for_servers(os.environ["DGL_IP_CONFIG"], int(os.environ.get("DGL_NUM_SERVER", "1")))
+        wait_for_servers()
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])
     dist.init_process_group("gloo")
     rank = dist.get_rank()

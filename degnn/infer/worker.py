@@ -119,7 +119,7 @@ def run_trainer(run_dir: Path, out: Path, cfg) -> int:
     task = task_of(cfg)
     services.register(cfg.pipeline.services)  # as the servers did (the same config)
     t0 = time.time()
-    wait_for_servers(os.environ["DGL_IP_CONFIG"], int(os.environ.get("DGL_NUM_SERVER", "1")))
+    wait_for_servers()
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])
     # inference needs no fault tolerance: every pipeline's trainers meet in gloo here
     init_process_group(rank, world, timeout=datetime.timedelta(minutes=30))

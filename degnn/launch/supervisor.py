@@ -358,9 +358,10 @@ class Supervisor:
             # servers first, as launch.py does; DGL clients retry their connection anyway
             servers = [self._start(proc) for proc in self.plan.servers()]
             self.running += servers
-            pids = {PIDS_ENV: ",".join(str(r.popen.pid) for r in sorted(servers, key=lambda r: r.proc.index))}
+            pids = ({PIDS_ENV: ",".join(str(r.popen.pid) for r in sorted(servers, key=lambda r: r.proc.index))}
+                    if self.tell_server_pids else None)
             for proc in self.plan.trainers():
-                self.running.append(self._start(proc, pids if self.tell_server_pids else None))
+                self.running.append(self._start(proc, pids))
             for r in self.running:
                 if r.tee is not None:
                     r.tee.start()

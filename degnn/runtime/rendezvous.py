@@ -63,12 +63,16 @@ def servers_to_wait_for(ip_config: str, num_servers: int,
     return [(book[i][2], ("/proc/net/tcp", "/proc/net/tcp6")) for i in ids if book[i][1] in here]
 
 
-def wait_for_servers(ip_config: str, num_servers: int, timeout_s: float = 60.0, poll_s: float = 0.05) -> float:
+def wait_for_servers(ip_config: Optional[str] = None, num_servers: Optional[int] = None,
+                     timeout_s: float = 60.0, poll_s: float = 0.05) -> float:
     """Wait until the servers listen (`servers_to_wait_for`), at most `timeout_s`; the seconds
-    waited. A server whose table cannot be read is not waited for, and past the timeout DGL's own
-    retry takes over: nothing is raised here (a server that never comes up is the launcher's to
-    report)."""
+    waited. The ip_config file and servers per machine default to what `dgl.distributed.initialize`
+    reads (DGL_IP_CONFIG, DGL_NUM_SERVER). A server whose table cannot be read is not waited for,
+    and past the timeout DGL's own retry takes over: nothing is raised here (a server that never
+    comes up is the launcher's to report)."""
     t0 = time.monotonic()
+    ip_config = ip_config or os.environ["DGL_IP_CONFIG"]
+    num_servers = num_servers or int(os.environ.get("DGL_NUM_SERVER", "1"))
     pending = servers_to_wait_for(ip_config, num_servers, os.environ.get(PIDS_ENV))
     while pending and time.monotonic() - t0 < timeout_s:
         left = []
