@@ -1,5 +1,6 @@
 """distdgl's prefetching loader (degnn/pipelines/distdgl/prefetch.py) on a fake batch source in
-this process: order, depth, overlap, an exception in the source, and a clean stop."""
+this process: order, depth, overlap, an exception in the source, and a clean stop; prefetch_auto's
+choice on one trainer and across two (a gloo group of two processes)."""
 from __future__ import annotations
 
 import threading
@@ -7,7 +8,7 @@ import time
 
 import pytest
 
-from degnn.pipelines.distdgl.prefetch import Prefetcher, prefetch_is_faster
+from degnn.pipelines.distdgl.prefetch import Prefetcher, cluster_prefetch_is_faster, prefetch_is_faster
 
 
 class Source:
@@ -128,6 +129,45 @@ def test_prefetch_auto_keeps_the_loop_whose_median_batch_was_faster():
     assert prefetch_is_faster([0.1, 1.0, 1.1, 0.9, 1.0], [9.0, 0.8, 0.9, 3.0, 0.8]) is True  # a median, not a mean
     assert prefetch_is_faster([1.0] * 5, [1.0] * 5) is False  # a tie keeps the simpler loop
     assert prefetch_is_faster([1.0] * 4, [0.5] * 9) is None  # too few synchronous batches to tell
+
+
+def _choose(rank: int, port: int, cases, out) -> None:
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        out.put((rank, [cluster_prefetch_is_faster(medians[rank]) for medians in cases]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_prefetch_auto_is_one_choice_for_the_whole_cluster():
+    import multiprocessing as mp
+    import socket
+    # alone: its own medians decide
+    assert cluster_prefetch_is_faster({"sync": 1.0, "prefetch": 0.9}) is True
+    assert cluster_prefetch_is_faster({"sync": 1.0, "prefetch": 1.0}) is False
+    assert cluster_prefetch_is_faster(None) is None
+    # two trainers (processes in one gloo group), each case a pair of their medians
+    cases = [
+        # they disagree: trainer 0 saw the loader faster by 0.05 s, trainer 1 slower by 0.2 s
+        [{"sync": 1.0, "prefetch": 0.95}, {"sync": 1.0, "prefetch": 1.2}],
+        [{"sync": 1.0, "prefetch": 0.7}, {"sync": 1.0, "prefetch": 1.1}],
+        # one trainer could not tell: none chooses (all keep the loader, as a lone trainer would)
+        [None, {"sync": 1.0, "prefetch": 1.2}],
+    ]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_choose, args=(r, port, cases, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(30)
+    # the sums decide, and both trainers get the same answer
+    assert got[0] == got[1] == [False, True, None], got
 
 
 def test_depth_must_be_positive():

@@ -20,9 +20,10 @@ client, used by one thread at a time; the pull never queues on the link behind t
 in front of it). With `prefetch_pull=true` the thread pulls the rows too and `owner_wait` is
 zero. The bytes are the same either way: they are counted from the batch by the main thread.
 prefetch=0 is the synchronous loop. With `pipeline.prefetch_auto=true` each trainer trains the
-first half of its first epoch with the loader and the second half synchronously, and keeps the
-loop whose median batch was faster (`prefetch.prefetch_is_faster`): on a machine whose CPU is its
-bottleneck the thread's work slows the step by what it hides. Both tasks prefetch (a link batch
+first half of its first epoch with the loader and the second half synchronously, and the cluster
+keeps the loop whose median batch, summed over the trainers, was faster (one choice for all:
+`prefetch.cluster_prefetch_is_faster`): on a machine whose CPU is its bottleneck the thread's
+work slows the step by what it hides. Both tasks prefetch (a link batch
 is sampled and pulled the same way). DGL's own sampler processes (DGL_NUM_SAMPLER > 0) are not
 used (each is a process with its own RPC connections, docs/pipelines.md); prefetch_pull=false is
 their layout (sampling ahead, the pull in the trainer) in a thread.
@@ -48,7 +49,8 @@ from torch.nn.parallel import DistributedDataParallel
 from degnn.metrics import ID_BYTES, ring_allreduce_bytes, sampling_bytes, timed_allreduce_hook
 from degnn.pipelines.base import Pipeline
 from degnn.pipelines.distdgl.config import DistDGLConfig
-from degnn.pipelines.distdgl.prefetch import Prefetcher, prefetch_is_faster, probe_median
+from degnn.pipelines.distdgl.prefetch import (Prefetcher, cluster_prefetch_is_faster, prefetch_is_faster,
+                                              probe_median)
 from degnn.runtime.device import to_device
 
 CACHE_CHUNK_BYTES = 32 * 2**20  # the halo copy is read in pieces of about this much
@@ -205,11 +207,14 @@ class DistDGLPipeline(Pipeline):
                 now = time.perf_counter()
                 times[loop].append(now - t)
                 t = now
-        faster = prefetch_is_faster(times["sync"], times["prefetch"])
-        self.keep_prefetch = True if faster is None else faster
         self.probe = {k: probe_median(v) for k, v in times.items()}
-        self.log.info("distdgl prefetch_auto: median batch %s synchronous, %s with the loader: %s",
-                      *(f"{v * 1000:.0f} ms" if v else "-" for v in self.probe.values()),
+        mine = prefetch_is_faster(times["sync"], times["prefetch"])  # None: too few batches a half
+        faster = cluster_prefetch_is_faster(None if mine is None else self.probe)  # one choice for all
+        self.keep_prefetch = True if faster is None else faster
+        self.log.info("distdgl prefetch_auto: median batch %s synchronous, %s with the loader on this "
+                      "trainer (%s); the cluster's sum: %s",
+                      *(f"{v * 1000:.0f} ms" if v else "-" for v in (self.probe["sync"], self.probe["prefetch"])),
+                      "too few to tell" if mine is None else "loader faster" if mine else "synchronous faster",
                       "too few batches to tell, prefetching" if faster is None
                       else "prefetching" if faster else "synchronous from now on")
 

@@ -24,9 +24,10 @@ class DistDGLConfig(PipelineConfig):
     # (bench=parity measures both loaders against the synchronous loop)
     prefetch_pull: bool = False
     # with prefetch >= 1: each trainer trains the first half of its first epoch with the loader and
-    # the second half synchronously, then keeps the loop whose median batch was faster for the
-    # rest of the run (summary: prefetch_kept, prefetch_probe_s_per_batch). For machines whose
-    # bottleneck is not known in advance; a one-epoch run never uses the choice
+    # the second half synchronously, then the whole cluster keeps the loop whose median batch,
+    # summed over the trainers, was faster for the rest of the run (summary: prefetch_kept,
+    # prefetch_probe_s_per_batch). For machines whose bottleneck is not known in advance; a
+    # one-epoch run never uses the choice
     prefetch_auto: bool = False
     # read the features of the machine's 1-hop halo nodes (the partition's halo, as LAMP's trainer
     # does) from a local copy made once at setup (setup_bytes); sampling still goes through the

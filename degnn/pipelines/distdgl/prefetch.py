@@ -112,6 +112,31 @@ def prefetch_is_faster(sync_s: List[float], prefetch_s: List[float]) -> Optional
     return probe_median(prefetch_s) < probe_median(sync_s)
 
 
+def cluster_prefetch_is_faster(mine: Optional[dict]) -> Optional[bool]:
+    """prefetch_auto's one choice for the whole cluster: every trainer's two medians (`mine`,
+    {"sync": s, "prefetch": s}, None where its halves were too short to tell) are summed over the
+    trainers by one all-reduce, and the loader is kept where its sum is smaller (a tie keeps the
+    synchronous loop; None when any trainer could not tell). Every trainer gets the same answer.
+
+    Why not each trainer on its own: under DDP every step waits for the slowest trainer, so a
+    cluster whose trainers chose differently runs each step at the pace of the slower loop of the
+    two; and where the two loops are within a few percent of each other (CPU-bound machines) one
+    trainer's 10 batches a half are a coin flip, the sum over all trainers less so. Every trainer
+    must call it at the same point (they take the same number of batches an epoch)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([mine["sync"], mine["prefetch"], 1.0] if mine else [0.0, 0.0, 0.0], dtype=torch.float64)
+    world = 1
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+        world = dist.get_world_size()
+    sync, prefetch, told = t.tolist()
+    if told < world:
+        return None
+    return prefetch < sync
+
+
 def probe_median(times: List[float]) -> Optional[float]:
     """The median batch of one half, its first batch left out (None: no other batch)."""
     return statistics.median(times[1:]) if len(times) > 1 else None
