@@ -14,9 +14,14 @@ describes our partitions and DGL's own (`degnn/bench/partition_bench.py`).
   over the **training nodes** (``label_tv_over: "train"``); over all labelled nodes
   (``"labelled"``) when the graph has no train_mask; null without single-label integer labels.
   ``label_tv_mean`` / ``label_tv_max`` summarise the parts.
+* ``graph_digest`` / ``assignment_digest``: short hashes of the graph (its edges, training nodes and
+  labels) and of ``part``. Two runs whose bytes per batch differ say by these whether they ran on
+  the same data and the same partition (a dataset or partition rebuilt on another machine, with
+  other library versions, need not be the same; the launcher copies both into every summary).
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -52,6 +57,25 @@ def _labels(g):
 
 def total_variation(p: np.ndarray, q: np.ndarray) -> float:
     return float(0.5 * np.abs(p - q).sum())
+
+
+def digest(*arrays) -> str:
+    """A short hash of the arrays' values (as int64: the same on every machine and dtype)."""
+    h = hashlib.blake2b(digest_size=8)
+    for a in arrays:
+        a = np.ascontiguousarray(np.asarray(a).astype(np.int64, copy=False))
+        h.update(str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def graph_digest(g, src: np.ndarray, dst: np.ndarray) -> str:
+    """The graph as the partitioner saw it: its edges in order, its training nodes and labels."""
+    extra = []
+    for key in ("train_mask", "label"):
+        if key in g.ndata:
+            extra.append(np.nan_to_num(g.ndata[key].numpy().astype(np.float64), nan=-1).astype(np.int64))
+    return digest(src, dst, *extra)
 
 
 def partition_stats(g, part: np.ndarray, num_parts: int, halo=None) -> Dict[str, object]:
@@ -122,6 +146,8 @@ def partition_stats(g, part: np.ndarray, num_parts: int, halo=None) -> Dict[str,
         "label_tv_over": over,
         "label_tv_mean": float(np.mean(tvs)) if tvs else None,
         "label_tv_max": float(np.max(tvs)) if tvs else None,
+        "graph_digest": graph_digest(g, src, dst),
+        "assignment_digest": digest(part),
         "parts": parts,
     }
 

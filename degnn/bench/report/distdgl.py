@@ -82,16 +82,21 @@ def prefetch_pairs(runs: List[dict]) -> List[str]:
             "the next batch while the trainer trains; the loader column says whether it pulled the "
             "batch's features too, `pipeline.prefetch_pull`, or the trainer pulled them before its step; "
             "auto: `pipeline.prefetch_auto`, the sampling loader or the synchronous loop, whichever was "
-            "faster in the first epoch's halves, with how many trainers kept the loader) "
+            "faster in the first epoch's halves, summed over a run's trainers, with how many trainers "
+            "kept the loader: all of a run or none since the choice became the cluster's) "
             "against `pipeline.prefetch=0` of the same suites, repeated "
             "in both orders. Epoch time: median (min-max) over all epochs of all runs of a side; "
             "application bytes per batch (the same work either way); wait = the main thread's sampling "
             "and feature-pull wait per batch; per repeat: the two loops ran back to back, the ratio of "
             "their median epochs (median, min–max, spread) and in how many repeats prefetch 1 was at "
-            "least as fast. Bar: prefetch 1 at least as fast.", "",
+            "least as fast; CPU-bound = the share of 100 ms periods in which a machine used up its CPU "
+            "quota (`cpu_throttled_share`, whole runs, mean over the runs of a side; – where not "
+            "recorded): where it is high the thread's work comes out of the step's CPU, and the loader "
+            "has little to hide. Bar: prefetch 1 at least as fast.", "",
             "| dataset | layers | bandwidth | loader | runs (1 / 0) | epoch s, prefetch 1 / 0 | time ratio | "
-            "app KB/batch (1 / 0) | wait ms/batch (1 / 0) | ratio per repeat | prefetch 1 faster | at least as fast |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+            "app KB/batch (1 / 0) | wait ms/batch (1 / 0) | CPU-bound (1 / 0) | ratio per repeat | "
+            "prefetch 1 faster | at least as fast |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
 FAMILIES = ("prefetch", "auto")  # bench=parity's suites of prefetch against the synchronous loop
@@ -113,6 +118,10 @@ def _prefetch_row(ds, layers, bw, name: str, on: List[dict], off: List[dict]) ->
         per = [s.get("time_per_batch_s") or {} for s in group]
         return sum(p.get("sampling", 0) + p.get("owner_wait", 0) for p in per) / len(per)
 
+    def throttled(group) -> str:
+        share = mean_of(group, "cpu_throttled_share")
+        return "–" if share is None else f"{share:.0%}"
+
     overlap = times[0][0] <= times[1][-1] and times[1][0] <= times[0][-1]
     verdict = ("yes" if t1 <= t0 else "no") + (" (ranges overlap)" if overlap else "")
     ratios = paired_ratios(on, off, median_epoch_s)
@@ -123,5 +132,6 @@ def _prefetch_row(ds, layers, bw, name: str, on: List[dict], off: List[dict]) ->
     return (f"| {ds} | {layers} | {bw} | {name} | {len(on)} / {len(off)} | {t1:.2f} ({times[0][0]:.2f}-"
             f"{times[0][-1]:.2f}) / {t0:.2f} ({times[1][0]:.2f}-{times[1][-1]:.2f}) | **{t1 / t0:.2f}x** | "
             f"{kb(mean_of(on, 'app_bytes_per_batch'))} / {kb(mean_of(off, 'app_bytes_per_batch'))} | "
-            f"{wait(on) * 1000:.0f} / {wait(off) * 1000:.0f} | {paired_cell(pairs)} | "
+            f"{wait(on) * 1000:.0f} / {wait(off) * 1000:.0f} | {throttled(on)} / {throttled(off)} | "
+            f"{paired_cell(pairs)} | "
             f"{faster} of {pairs.n if pairs else 0} | {verdict} |")
