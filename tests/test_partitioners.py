@@ -140,6 +140,8 @@ def test_stats(graph, parted, method):
         again = partition_stats(graph, assign, k)
         assert [p["halo_nodes"] for p in again["parts"]] == halo
         assert again["edge_cut_fraction"] == pytest.approx(st["edge_cut_fraction"])
+        # the hashes name the graph and the assignment the part graphs hold
+        assert (again["graph_digest"], again["assignment_digest"]) == (st["graph_digest"], st["assignment_digest"])
     if method == "metis":  # METIS cuts far fewer edges than random dealing
         rnd = json.loads((parted["random", 2].parent / "stats.json").read_text())
         assert st["edge_cut_fraction"] < rnd["edge_cut_fraction"]
@@ -178,6 +180,10 @@ def test_deterministic_given_seed(graph):
     b = partitioners.compute_assignment(graph, "supernode", 3, seed=5)
     c = partitioners.compute_assignment(graph, "supernode", 3, seed=6)
     assert (a == b).all() and not (a == c).all()
+    # the stats' hashes tell the two assignments apart, not the graph they share
+    sa, sb, sc = (partition_stats(graph, x, 3) for x in (a, b, c))
+    assert sa["assignment_digest"] == sb["assignment_digest"] != sc["assignment_digest"]
+    assert sa["graph_digest"] == sc["graph_digest"]
 
 
 # ----------------------------------------------------------------------------- bad input
