@@ -33,11 +33,11 @@ BENCHES ?= headline target default parity tma lamp link
 
 # the netns links' measured efficiency first (the projection in every report reads it)
 bench: setup
-	set -e; $(VPY) -m degnn.bench.link_probe; for b in $(BENCHES); do $(VPY) -m degnn.bench bench=$$b; done; \
-	$(VPY) -m degnn.bench.results_md
+	set -e; $(VPY) -m benchmarks.link_probe; for b in $(BENCHES); do $(VPY) -m benchmarks bench=$$b; done; \
+	$(VPY) -m benchmarks.results_md
 
 bench-quick: setup
-	$(VPY) -m degnn.bench bench=quick && $(VPY) -m degnn.bench.results_md
+	$(VPY) -m benchmarks bench=quick && $(VPY) -m benchmarks.results_md
 
 # leftovers of killed launchers: namespaces, links, holders, processes, DGL shared memory
 cleanup:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU side of degnn.bench.compute_speed (docs/benchmarks.md, "Compute speed of a GPU"): on a
+# The GPU side of benchmarks.compute_speed (docs/benchmarks.md, "Compute speed of a GPU"): on a
 # machine with a CUDA GPU and PyTorch (DGL and degnn's dependencies not needed), time the
-# plain-torch GraphSAGE step over the batch files made by `python -m degnn.bench.compute_speed
+# plain-torch GraphSAGE step over the batch files made by `python -m benchmarks.compute_speed
 # sample`: on the GPU in every repeat, on one core of that machine in the first.
 # Usage: benchmarks/compute_speed.sh BATCH_DIR OUT_DIR [REPEATS]  (writes OUT_DIR/r<k>/*.json)
 set -euo pipefail
@@ -15,9 +15,9 @@ for k in $(seq 1 "$repeats"); do
   mkdir -p "$out/r$k"
   for f in "$batches"/*.pt; do
     name=$(basename "$f" .pt)
-    PYTHONUNBUFFERED=1 "$py" "$here/degnn/bench/compute_speed.py" time "$f" --device cuda --rounds 20 --out "$out/r$k/$name-cuda.json"
+    PYTHONUNBUFFERED=1 "$py" "$here/benchmarks/compute_speed.py" time "$f" --device cuda --rounds 20 --out "$out/r$k/$name-cuda.json"
     if [ "$k" = 1 ]; then
-      PYTHONUNBUFFERED=1 "$py" "$here/degnn/bench/compute_speed.py" time "$f" --device cpu --threads 1 --rounds 3 --out "$out/r$k/$name-cpu1.json"
+      PYTHONUNBUFFERED=1 "$py" "$here/benchmarks/compute_speed.py" time "$f" --device cpu --threads 1 --rounds 3 --out "$out/r$k/$name-cpu1.json"
     fi
   done
 done

@@ -1,6 +1,6 @@
 """Structured config (Hydra schemas).
 
-Every YAML file under ``degnn/conf/`` is merged onto one of these dataclasses, so a wrong type or an
+Every YAML file under ``conf/`` is merged onto one of these dataclasses, so a wrong type or an
 unknown key fails at compose time with Hydra's own message. ``register_configs()`` must run
 before ``@hydra.main`` (the entry points call it at import).
 """
@@ -14,8 +14,17 @@ from typing import Any, List, Optional, Tuple
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-# the configs are package data (degnn/conf/), found from a checkout and from an installed wheel
-CONF_DIR = str(Path(__file__).resolve().parent / "conf")
+
+
+def _conf_dir() -> Path:
+    """The product's Hydra configs: the checkout's top-level conf/, which a wheel carries as
+    conf (pyproject.toml maps it), so an installed degnn composes the same files."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "conf"
+    return packaged if (packaged / "config.yaml").is_file() else here.parent / "conf"
+
+
+CONF_DIR = str(_conf_dir())
 
 
 @dataclass
@@ -169,8 +178,8 @@ class ClusterConfig:
     # trainer); null = per host, the interface that routes to the first machine
     ifname: Optional[str] = None
     dry_run: bool = False
-    # the module every process runs (`python -m <entry> <overrides>`); degnn.bench.plain_dgl is
-    # the plain DGL reference trainer of bench=parity
+    # the module every process runs (`python -m <entry> <overrides>`); the bench's plain DGL
+    # reference trainer (benchmarks/plain_dgl.py, from a checkout) is another
     entry: str = "degnn.train"
 
 
@@ -190,7 +199,7 @@ class Config:
 
 @dataclass
 class PartitionJob:
-    """Config of the partitioner CLI (`python -m degnn.partition`)."""
+    """Config of the partitioner CLI (`python -m partitioners`)."""
 
     dataset: DatasetConfig = MISSING
     partition: PartitionConfig = MISSING
@@ -200,62 +209,10 @@ class PartitionJob:
     force: bool = False
 
 
-@dataclass
-class SuiteConfig:
-    """One benchmark suite: a Hydra multirun of one module, every job in its own run directory."""
-
-    name: str = MISSING
-    # degnn.launch (one cluster per job) or degnn.bench.single_process (the accuracy reference)
-    module: str = "degnn.launch"
-    # multirun overrides, e.g. ["dataset=wordnet,synthetic-arxiv", "cluster=netns"]
-    overrides: List[str] = field(default_factory=list)
-    # skip the suite (with a message) when one of its datasets is not on disk (real OGB data)
-    only_on_disk: bool = False
-    # run in only the first this-many of the bench's repeats (null: all); e.g. 1 for the long
-    # converged baseline run that only sets a time-to-target comparison's target
-    repeats: Optional[int] = None
-    # a time-to-target suite: the name of an earlier suite of the bench (distdgl trained until
-    # patience stopped it) whose runs of the same dataset set this suite's train.target_val (their
-    # median best validation minus bench.target_margin) and its epoch cap (their most epochs); the
-    # suite then runs once per dataset (degnn/bench/__main__.py, targets)
-    target_from: Optional[str] = None
-
-
-@dataclass
-class BenchConfig:
-    name: str = MISSING
-    suites: List[SuiteConfig] = field(default_factory=list)
-    # run the suite list this many times, every other time in reverse order (each compared pair
-    # in both orders), repeat k into <out>/<suite>/r<k>/ (1: <out>/<suite>/, one order)
-    repeats: int = 3
-    # CPUs of every netns machine of every launch suite (cluster.cpus_per_machine, appended to its
-    # overrides unless the suite sets it): the same budget for every run compared; null = none
-    cpus_per_machine: Optional[float] = 0.45
-    # run only these suites (by name, e.g. bench.only=[ablation-owners-distdgl]); empty = all
-    only: List[str] = field(default_factory=list)
-    # a time-to-target suite's target: the converged baseline's best validation minus this
-    target_margin: float = 0.01
-
-
-@dataclass
-class BenchJob:
-    """Config of `python -m degnn.bench` (make bench)."""
-
-    bench: BenchConfig = MISSING
-    # results folder; default benchmarks/results/<timestamp>
-    out: Optional[str] = None
-    # only write the report from an existing results folder (`out=`), run nothing
-    report_only: bool = False
-    # the folder of the committed run records (<records>/<bench>.jsonl, one line per run,
-    # appended after the suites; docs/benchmarks.md); null = write none
-    records: Optional[str] = "benchmarks/records"
-
-
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     cs.store(name="partition_schema", node=PartitionJob)
-    cs.store(name="bench_schema", node=BenchJob)
 
 
 def unknown_keys(cfg, prefix: str = "") -> List[Tuple[str, List[str]]]:

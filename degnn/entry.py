@@ -47,7 +47,7 @@ def compose_config(overrides: List[str]):
 
     register_configs()
     with initialize_config_dir(CONF_DIR, version_base="1.3", job_name="degnn"):
-        # hydra.searchpath finds config groups outside degnn/conf/ (a pipeline of one's own)
+        # hydra.searchpath finds config groups outside conf/ (a pipeline of one's own)
         cfg = compose("config", overrides=[o for o in overrides
                                            if not o.startswith("hydra.") or o.startswith("hydra.searchpath=")])
     OmegaConf.resolve(cfg)

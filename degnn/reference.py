@@ -1,7 +1,7 @@
 """`python -m degnn.reference > docs/config.md`: every config key, its type, default and comment.
 
 Written from the schemas themselves (degnn/config.py, and each pipeline's `config_schema` found
-through degnn/conf/pipeline/), with the comment lines above each field, so the reference cannot
+through conf/pipeline/), with the comment lines above each field, so the reference cannot
 drift from the code: tests/test_readme.py checks that docs/config.md is what this prints.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Dict, List
 
 from degnn import config as C
 
-GROUPS = [("dataset", C.DatasetConfig, "`dataset=<name>` picks a file of degnn/conf/dataset/"),
+GROUPS = [("dataset", C.DatasetConfig, "`dataset=<name>` picks a file of conf/dataset/"),
           ("model", C.ModelConfig, "`model=sage|gcn|gat`"),
           ("train", C.TrainConfig, "training, evaluation and checkpoints"),
           ("partition", C.PartitionConfig, "`partition=metis|random|supernode`"),

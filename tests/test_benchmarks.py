@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from degnn.bench.report import write_report
+from benchmarks.report import write_report
+from benchmarks.config import compose_bench
 from degnn.config import CONF_DIR, register_configs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,8 +76,7 @@ def test_report_writes_every_runs_summary_as_one_csv(tmp_path):
 @pytest.mark.parametrize("bench", ["default", "quick", "ogb", "parity", "target"])
 def test_bench_configs_compose(bench):
     register_configs()
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        cfg = compose("bench", overrides=[f"bench={bench}"])
+    cfg = compose_bench([f"bench={bench}"])
     assert cfg.bench.suites and all(s.overrides for s in cfg.bench.suites)
     # every suite's jobs compose as training configs (fan-outs match layers, keys exist)
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
@@ -90,9 +90,9 @@ def test_bench_configs_compose(bench):
 def test_a_time_to_target_suite_runs_per_dataset_at_its_converged_baselines_target(tmp_path):
     from omegaconf import OmegaConf
 
-    from degnn.bench.__main__ import TargetError, jobs
-    from degnn.bench.records import setting
-    from degnn.config import BenchConfig, SuiteConfig
+    from benchmarks.__main__ import TargetError, jobs
+    from benchmarks.records import setting
+    from benchmarks.config import BenchConfig, SuiteConfig
 
     conv = SuiteConfig(name="conv", overrides=["dataset=wordnet,debian", "train.epochs=40", "train.patience=3"])
     fast = SuiteConfig(name="fast", target_from="conv", overrides=["dataset=wordnet,debian", "pipeline=lamp"])
@@ -123,9 +123,9 @@ def test_a_time_to_target_suite_run_alone_takes_the_committed_converged_runs_tar
     invocation of the converged suite (the one the report reads too), not an older one."""
     from omegaconf import OmegaConf
 
-    from degnn.bench.__main__ import TargetError, jobs
-    from degnn.bench.records import append
-    from degnn.config import BenchConfig, SuiteConfig
+    from benchmarks.__main__ import TargetError, jobs
+    from benchmarks.records import append
+    from benchmarks.config import BenchConfig, SuiteConfig
 
     conv = SuiteConfig(name="conv", overrides=["dataset=wordnet", "train.epochs=40"])
     fast = SuiteConfig(name="fast", target_from="conv", overrides=["dataset=wordnet", "pipeline=lamp"])
@@ -153,8 +153,8 @@ def test_a_time_to_target_suite_run_alone_takes_the_committed_converged_runs_tar
 def test_ogb_suites_run_only_when_the_data_is_on_disk(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
 
-    from degnn.bench.__main__ import missing_datasets
-    from degnn.config import SuiteConfig
+    from benchmarks.__main__ import missing_datasets
+    from benchmarks.config import SuiteConfig
 
     monkeypatch.setenv("DEGNN_DATA", str(tmp_path))
     suite = OmegaConf.structured(SuiteConfig(name="s", overrides=["dataset=ogbn-arxiv,synthetic-tiny"]))
@@ -248,7 +248,7 @@ def test_quick_report_has_lamp_beside_distdgl_and_the_killed_tma_runs_beside_dis
 
 def figures_of(tmp_path, monkeypatch):
     """write_report's figures as saved (their artists outlive the closing): {file name: figure}."""
-    from degnn.bench.report import plots
+    from benchmarks.report import plots
 
     kept = {}
     real = plots._save
@@ -297,7 +297,7 @@ def test_plots_one_colour_per_method_whole_layers_a_title_and_readable_names(tmp
 
 
 def test_report_without_matplotlib_has_its_tables_and_says_how_to_get_the_plots(tmp_path, monkeypatch):
-    from degnn.bench.report import plots
+    from benchmarks.report import mpl as plots
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails as if not installed
     monkeypatch.setattr(plots, "_PYPLOT", [])
@@ -315,7 +315,7 @@ def test_plain_dgl_trainer_runs_on_the_same_cluster_and_moves_the_same_bytes(tmp
     common = [sys.executable, "-m", "degnn.launch", "dataset=synthetic-tiny", "model.fanouts=[10,10]",
               "train.batch_size=100", "train.epochs=2", "train.eval_every=2", "cluster=netns",
               "cluster.machines=2", f"dataset.root={tmp_path / 'data'}", f"partition.root={tmp_path / 'parts'}"]
-    for name, entry in (("degnn", "degnn.train"), ("plain", "degnn.bench.plain_dgl")):
+    for name, entry in (("degnn", "degnn.train"), ("plain", "benchmarks.plain_dgl")):
         p = subprocess.run([*common, f"cluster.entry={entry}", f"hydra.run.dir={tmp_path / 'runs' / name}"],
                            cwd=REPO, capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
@@ -328,7 +328,7 @@ def test_plain_dgl_trainer_runs_on_the_same_cluster_and_moves_the_same_bytes(tmp
 
 
 def test_the_breakdown_says_how_cpu_bound_each_machine_was_where_it_was_measured():
-    from degnn.bench.report.breakdown import breakdown_section
+    from benchmarks.report.breakdown import breakdown_section
 
     phases = {"sampling": 0.01, "owner_wait": 0.02, "compute": 0.03}
     run = {"status": "ok", "pipeline": "distdgl", "dataset": "wordnet", "layers": 3, "time_per_batch_s": phases,

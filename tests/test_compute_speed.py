@@ -1,4 +1,4 @@
-"""degnn.bench.compute_speed: the plain-torch stand-in computes degnn's own SAGE model, runs where
+"""benchmarks.compute_speed: the plain-torch stand-in computes degnn's own SAGE model, runs where
 neither DGL nor degnn can be imported, and its measurements become records and RESULTS.md's table."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import dgl
 import pytest
 import torch
 
-from degnn.bench import compute_speed as cs
-from degnn.bench.records import as_run, read_records
+from benchmarks import compute_speed as cs
+from benchmarks.records import as_run, read_records
 from degnn.models import GNN
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def test_time_runs_without_dgl_or_degnn_and_records_render(batches, tmp_path):
     # the GPU machine's side: this file alone, with dgl and degnn unimportable
     code = ("import runpy, sys; sys.modules['dgl'] = None; sys.modules['degnn'] = None; "
             f"sys.argv = ['compute_speed.py', 'time', {str(path)!r}, '--rounds', '1', '--out', {str(rep / 'torch.json')!r}]; "
-            f"runpy.run_path({str(REPO / 'degnn/bench/compute_speed.py')!r}, run_name='__main__')")
+            f"runpy.run_path({str(REPO / 'benchmarks/compute_speed.py')!r}, run_name='__main__')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     plain = json.loads((rep / "torch.json").read_text())

@@ -59,7 +59,7 @@ def test_a_mismatched_partition_is_refused_before_anything_starts(dgl_parts, tmp
 
 
 def test_a_path_that_is_not_a_partition_config_is_named(dgl_parts, tmp_path):
-    from degnn.partition import PartitionError, existing_partition
+    from partitioners import PartitionError, existing_partition
 
     with pytest.raises(PartitionError, match="is a folder; give the JSON"):
         existing_partition(str(dgl_parts["metis"].parent), 2)

@@ -127,9 +127,9 @@ def test_a_custom_graph_with_an_empty_split_is_refused(tmp_path, key):
 
 # ---- the random partitioner's stream ---------------------------------------------------------------
 def test_random_parts_do_not_follow_labels_drawn_from_the_same_seed():
-    from degnn.partition.api import _settings
-    from degnn.partition.assign import random_assignment
-    from degnn.partition.stats import total_variation
+    from degnn.partition_cache import partition_settings
+    from partitioners.assign import random_assignment
+    from partitioners.stats import total_variation
 
     n, k, c = 40000, 4, 10
     labels = np.random.default_rng(0).integers(0, c, size=n)
@@ -143,7 +143,7 @@ def test_random_parts_do_not_follow_labels_drawn_from_the_same_seed():
     # what drawing from the user's own stream gives (the partitioner's old behaviour)
     assert tv_mean(np.random.default_rng(0).integers(0, k, size=n)) > 0.05
     # a new stream is a new cache folder
-    assert "stream" in _settings(cfg_of().dataset, cfg_of("partition=random").partition)
+    assert "stream" in partition_settings(cfg_of().dataset, cfg_of("partition=random").partition)
 
 
 # ---- what the launcher says --------------------------------------------------------------------------
@@ -336,7 +336,8 @@ def test_a_kernel_oom_kill_says_so(part, tmp_path):
 WRITE_AND_HANG = r"""
 import sys, time
 from pathlib import Path
-import degnn.partition.api as api
+import partitioners.folder as folder
+from degnn.partition_cache import ensure_partitions
 from hydra import compose, initialize_config_dir
 from degnn.config import CONF_DIR, register_configs
 register_configs()
@@ -345,10 +346,10 @@ def stuck(graph, part, num_parts, out, *a, **k):
     (Path(out) / "part0").mkdir()
     (Path(out) / "part0" / "graph.dgl").write_bytes(b"\0" * 4096)
     time.sleep(600)
-api.write_partitions = stuck
+folder.write_partitions = stuck
 with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
     cfg = compose("config", overrides=sys.argv[1:])
-api.ensure_partitions(cfg.dataset, cfg.partition)
+ensure_partitions(cfg.dataset, cfg.partition)
 """
 
 

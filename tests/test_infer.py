@@ -201,7 +201,7 @@ def test_link_embeddings_score_as_the_cluster_scored_them(tmp_path, monkeypatch)
     from degnn.entry import compose_config
     from degnn.infer import load_all
     from degnn.models import build_link_model
-    from degnn.partition import ensure_partitions
+    from degnn.partition_cache import ensure_partitions
     from degnn.tasks.link import link_scores
 
     monkeypatch.chdir(REPO)

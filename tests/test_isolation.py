@@ -147,7 +147,7 @@ def test_two_local_runs_at_once_keep_their_own_data(tmp_path):
               f"partition.root={tmp_path / 'parts'}"]
     # the partitions first (one builder at a time writes the shared cache)
     from degnn.entry import compose_config
-    from degnn.partition import ensure_partitions
+    from degnn.partition_cache import ensure_partitions
 
     for classes in (8, 4):
         cfg = compose_config([*common[3:], f"dataset.num_classes={classes}"])

@@ -662,7 +662,7 @@ def test_lamp_services_are_registered_explicitly():
     from degnn.entry import compose_config
     from degnn.runtime import services
 
-    # every server and trainer of a lamp run registers what degnn/conf/pipeline/lamp.yaml lists
+    # every server and trainer of a lamp run registers what conf/pipeline/lamp.yaml lists
     ids = {sid: req for sid, req, _ in services.all_services(compose_config(["pipeline=lamp"]).pipeline.services)}
     assert {7710, 7711, 7712, 7713, 7714, 7715, 7716} <= set(ids)
     assert ids[7714] is service.LampRequest
@@ -1020,7 +1020,7 @@ def test_unknown_or_mistyped_lamp_key_is_refused_before_anything_starts():
 
 
 def test_report_puts_lamp_beside_distdgl_and_plots_bytes_against_layers(tmp_path):
-    from degnn.bench.report import write_report
+    from benchmarks.report import write_report
 
     def run(name, **summary):
         d = tmp_path / name
@@ -1073,7 +1073,7 @@ def test_report_gives_each_owners_ablation_step_its_share_of_the_gain(tmp_path):
     """The ablation-owners table: the four variants beside distdgl, and each step's share of the
     gain in bytes beyond the all-reduce and in epoch time (adding up to 100%; a step that costs
     more than it saves is negative). The ablated runs stay out of the plain lamp-against-distdgl table."""
-    from degnn.bench.report import write_report
+    from benchmarks.report import write_report
 
     def run(name, **summary):
         d = tmp_path / name

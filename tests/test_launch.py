@@ -429,7 +429,7 @@ def test_cli_refuses_before_partitioning(tmp_path, overrides, expect):
 
 
 def test_cli_dry_run_prints_the_plan_before_building_anything(tmp_path):
-    from degnn.partition import ensure_partitions, planned_partitions
+    from degnn.partition_cache import ensure_partitions, planned_partitions
 
     r = _cli(tmp_path, "cluster=netns", "cluster.machines=2", "cluster.dry_run=true")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -460,7 +460,7 @@ def test_help_describes_the_app_and_lists_the_groups_a_user_picks(tmp_path):
         listed.setdefault(group, set()).update(o.strip() for o in line.split(",") if o.strip())
     conf = Path(CONF_DIR)
     on_disk = {d.name: {f.stem for f in d.glob("*.yaml")} for d in conf.iterdir()
-               if d.is_dir() and d.name != "bench"}  # bench: `python -m degnn.bench`'s own group
+               if d.is_dir() and d.name != "bench"}  # bench: `python -m benchmarks`'s own group
     assert listed == on_disk
     assert "tma_schema" not in text and "\nbench:" not in text
 

@@ -68,7 +68,7 @@ def test_partitions_carry_the_split_and_hold_no_evaluation_edge(tiny_link, tmp_p
     """Whatever the partition method, link_split.pt holds the dataset's held-out edges and
     negatives (renumbered like the partition), and no partition's graph (what the servers sample
     from and TMA trainers train on) holds a held-out edge in either direction."""
-    from degnn.partition import is_complete, partition_graph
+    from partitioners import is_complete, partition_graph
 
     split = tiny_link.link_split
     held = set()
@@ -260,7 +260,7 @@ def _fake_run(root, name, curve, **summary):
 
 
 def test_report_has_the_papers_table_1_for_links(tmp_path):
-    from degnn.bench.report import write_report
+    from benchmarks.report import write_report
 
     tests = {("distdgl", "sage"): 0.30, ("supernode", "sage"): 0.32, ("random", "sage"): 0.31,
              ("psgd-pa", "sage"): 0.25, ("llcg", "sage"): 0.24, ("distdgl", "gcn"): 0.20, ("random", "gcn"): 0.21}
@@ -298,7 +298,7 @@ def test_report_has_the_papers_table_1_for_links(tmp_path):
 def test_lamp_table_compares_epoch_times_only_with_distdgl_epochs_of_a_whole_pass():
     """bench=link cuts distdgl's epochs to 10 batches (train.batches_per_epoch): such an epoch is
     not a lamp epoch's pass over the training edges, so no epoch-time ratio is given for it."""
-    from degnn.bench.report import lamp_ablations
+    from benchmarks.report import lamp_ablations
 
     base = {"status": "ok", "dataset": "wordnet-link", "layers": 2, "bandwidth": "1gbit", "trainers": 4}
     lamp = {**base, "pipeline": "lamp", "prefetch": 1, "_rel": "lamp-L2/0", "batches": 400, "epochs": 1,

@@ -1,4 +1,4 @@
-"""degnn.bench.link_probe: the netns links' delivered rate, measured on a real netns cluster, and how
+"""benchmarks.link_probe: the netns links' delivered rate, measured on a real netns cluster, and how
 the projection uses it (a netns run's bytes at its rate times the efficiency)."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from degnn.bench import link_probe as L
-from degnn.bench import projection as P
+from benchmarks import link_probe as L
+from benchmarks import projection as P
 from tests.netns_support import needs_netns
 from tests.test_projection import MB, MBIT100, summary
 

@@ -1,4 +1,5 @@
-"""degnn as a package: the wheel holds the Hydra configs and the degnn package only; installed into
+"""degnn as a package: the wheel holds degnn, the partitioners and the Hydra configs of conf/ (as
+degnn/conf), not the benchmark harness; installed into
 a fresh virtual environment outside the checkout, its console scripts answer --help, sweep, and
 train a 2-machine netns job from an empty directory, writing nothing into the installed package."""
 from __future__ import annotations
@@ -17,8 +18,8 @@ from netns_support import REASON
 from timing import budget
 
 REPO = Path(__file__).resolve().parents[1]
-CONF = REPO / "degnn" / "conf"
-SCRIPTS = ("degnn-launch", "degnn-partition", "degnn-bench", "degnn-demo", "degnn-infer")
+CONF = REPO / "conf"
+SCRIPTS = {"degnn-launch": "degnn.", "degnn-partition": "partitioners.", "degnn-demo": "degnn.", "degnn-infer": "degnn."}
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,8 @@ def wheel(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("src")
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, src / name)
-    shutil.copytree(REPO / "degnn", src / "degnn", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("degnn", "partitioners", "conf", "benchmarks"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "results"))
     out = tmp_path_factory.mktemp("dist")
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                         "--no-index", "-w", str(out), str(src)], capture_output=True, text=True,
@@ -79,14 +81,15 @@ def test_wheel_has_every_config_and_no_other_top_level_package(wheel):
         names = set(z.namelist())
         entry_points = next(z.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
         meta = next(z.read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
-    assert {n.split("/")[0] for n in names} == {"degnn", wheel.name.split("-py3")[0] + ".dist-info"}
-    assert "degnn/conf/config.yaml" in names
-    configs = {str(p.relative_to(REPO)) for p in CONF.rglob("*.yaml")}
-    assert configs and configs <= names, sorted(configs - names)
+    assert {n.split("/")[0] for n in names} == {"degnn", "partitioners", wheel.name.split("-py3")[0] + ".dist-info"}
+    configs = {"degnn/" + str(p.relative_to(REPO)) for p in CONF.rglob("*.yaml")}
+    assert "degnn/conf/config.yaml" in configs and configs <= names, sorted(configs - names)
     groups = {p.parent.name for p in CONF.glob("*/*.yaml")}
-    assert {"dataset", "model", "pipeline", "partition", "cluster", "bench"} <= groups
-    for script in SCRIPTS:
-        assert f"{script} = degnn." in entry_points
+    assert groups == {"dataset", "model", "pipeline", "partition", "cluster"}
+    assert not [n for n in names if "bench" in n]  # the harness stays in the checkout
+    for script, package in SCRIPTS.items():
+        assert f"{script} = {package}" in entry_points
+    assert "degnn-bench" not in entry_points
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "License-Expression: MIT" in meta
     requires = [l.split(": ", 1)[1] for l in meta.splitlines() if l.startswith("Requires-Dist: ")]
@@ -120,9 +123,8 @@ def options(*groups) -> dict:
 
 
 def test_console_scripts_answer_help_with_their_own_groups(venv, tmp_path):
-    launch_groups = [d.name for d in CONF.iterdir() if d.is_dir() and d.name != "bench"]
-    wanted = {"degnn-launch": options(*launch_groups), "degnn-partition": options("dataset", "partition"),
-              "degnn-bench": options("bench")}
+    launch_groups = [d.name for d in CONF.iterdir() if d.is_dir()]
+    wanted = {"degnn-launch": options(*launch_groups), "degnn-partition": options("dataset", "partition")}
     for script in SCRIPTS:
         r = run([venv / "bin" / script, "--help"], tmp_path)
         assert r.returncode == 0, (script, r.stderr)
@@ -160,3 +162,14 @@ def test_two_machine_netns_job_from_an_empty_directory(venv, tmp_path):
     # the dataset, its partitions and the run under the working directory; nothing in the package
     assert {p.name for p in tmp_path.iterdir()} == {"data", "partitions", "run"}
     assert files_of(pkg) == before
+
+
+def test_the_wheel_lists_every_package_of_the_tree():
+    """pyproject.toml names the wheel's packages one by one (conf/ is mapped to degnn.conf): a new
+    folder of degnn/ or partitioners/ must be added there."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(p.parent.relative_to(REPO).parts) for root in ("degnn", "partitioners")
+               for p in (REPO / root).rglob("__init__.py")}
+    assert listed == on_disk | {"degnn.conf"}

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-import degnn.partition as partitioners
-from degnn.partition import PartitionError, ensure_partitions, partition_graph, partition_stats
-from degnn.partition.api import cache_dir
+import partitioners
+from degnn.partition_cache import cache_dir, ensure_partitions
+from partitioners import PartitionError, partition_graph, partition_stats
 
 REPO = Path(__file__).resolve().parent.parent
 METHODS = ("random", "metis", "supernode")
@@ -228,7 +228,7 @@ def test_refuses_other_graph_unless_forced(graph, tmp_path):
 
 
 def test_interrupted_run_leaves_nothing(graph, tmp_path, monkeypatch):
-    import degnn.partition.api as api
+    import partitioners.folder as api
 
     real = api.write_partitions
 
@@ -295,7 +295,7 @@ def test_ensure_partitions_caches(graph, tmp_path, monkeypatch):
 def _cli(*args, cwd=REPO, timeout=120):
     env = dict(os.environ, PYTHONPATH=str(REPO), DGL_LOG_LEVEL="error")
     return subprocess.run(
-        [sys.executable, "-m", "degnn.partition", *args, "hydra.run.dir=" + str(Path(cwd) / ".hydra-tmp")],
+        [sys.executable, "-m", "partitioners", *args, "hydra.run.dir=" + str(Path(cwd) / ".hydra-tmp")],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
     )
 

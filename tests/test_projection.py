@@ -1,4 +1,4 @@
-"""degnn.bench.projection on synthetic summaries with known phases and bytes (no cluster)."""
+"""benchmarks.projection on synthetic summaries with known phases and bytes (no cluster)."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from degnn.bench import projection as P
+from benchmarks import projection as P
 
 MB = 1e6
 GBIT = 1e9 / 8  # bytes per second
@@ -151,7 +151,7 @@ def test_section_labels_predictions_within_and_over_the_bar(tmp_path):
 
 
 def test_section_projects_ratios_with_crossovers_and_the_cli(tmp_path, capsys, monkeypatch):
-    from degnn.bench.report import plots
+    from benchmarks.report import mpl as plots
 
     monkeypatch.setattr(plots, "_PYPLOT", [None])  # the tables only (the plot: bench=projection)
     lamp = summary("lamp", cats={"lamp_response": 0.05 * MB, "allreduce": 0.25 * MB}, prefetch=1,
@@ -202,11 +202,11 @@ def test_tma_without_phases_calibrates_on_its_steps_per_second():
 def test_bench_projection_composes():
     from hydra import compose, initialize_config_dir
 
+    from benchmarks.config import compose_bench
     from degnn.config import CONF_DIR, register_configs
 
     register_configs()
-    with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        cfg = compose("bench", overrides=["bench=projection"])
+    cfg = compose_bench(["bench=projection"])
     names = [s.name for s in cfg.bench.suites]
     assert names == ["distdgl", "lamp", "tma"]
     sweep = " ".join(cfg.bench.suites[0].overrides)

@@ -6,11 +6,11 @@ import pytest
 
 from omegaconf import OmegaConf
 
-from degnn.bench.records import as_run, current, read_records, write_records
-from degnn.bench.report import collect
-from degnn.bench.results_md import bench_names, render, render_details
-from degnn.bench.spread import overlap, ratio_cell, spread
-from degnn.config import BenchConfig, SuiteConfig
+from benchmarks.records import as_run, current, read_records, write_records
+from benchmarks.report import collect
+from benchmarks.results_md import bench_names, render, render_details
+from benchmarks.spread import overlap, ratio_cell, spread
+from benchmarks.config import BenchConfig, SuiteConfig
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -19,9 +19,9 @@ def test_committed_results_md_is_what_the_generator_writes_from_the_committed_re
     records = read_records(REPO / "benchmarks" / "records")
     want = render(records, bench_names())
     got = (REPO / "benchmarks" / "RESULTS.md").read_text()
-    assert got == want, "benchmarks/RESULTS.md is stale: run python -m degnn.bench.results_md and commit it"
+    assert got == want, "benchmarks/RESULTS.md is stale: run python -m benchmarks.results_md and commit it"
     details = (REPO / "benchmarks" / "DETAILS.md").read_text()
-    assert details == render_details(records), "benchmarks/DETAILS.md is stale: run python -m degnn.bench.results_md"
+    assert details == render_details(records), "benchmarks/DETAILS.md is stale: run python -m benchmarks.results_md"
     # the per-run breakdowns and the projection's grids live in DETAILS.md, linked from RESULTS.md;
     # bench=projection keeps its projection, the subject of that bench
     assert "### Where a batch's time goes" not in got and "### Where a batch's time goes" in details
@@ -39,11 +39,11 @@ def test_spread_gives_median_min_max_and_says_when_ranges_overlap():
 
 
 def test_the_suite_list_repeats_in_both_orders_with_one_cpu_budget():
-    from degnn.bench.__main__ import plan, suite_overrides, sweep_dir
+    from benchmarks.__main__ import plan, suite_overrides, sweep_dir
 
     suites = [SuiteConfig(name="a-distdgl", overrides=["cluster=netns", "pipeline=distdgl"]),
               SuiteConfig(name="a-lamp", overrides=["cluster=netns", "pipeline=lamp"]),
-              SuiteConfig(name="single", module="degnn.bench.single_process", overrides=["dataset=wordnet"])]
+              SuiteConfig(name="single", module="benchmarks.single_process", overrides=["dataset=wordnet"])]
     bench = OmegaConf.structured(BenchConfig(name="x", suites=suites, repeats=3, cpus_per_machine=0.45))
     names = [(rep, pos, s.name) for rep, pos, s in plan(bench)]
     assert names == [(0, 0, "a-distdgl"), (0, 1, "a-lamp"), (0, 2, "single"),
@@ -148,7 +148,7 @@ def test_a_suites_newest_invocation_supersedes_its_older_runs_of_other_settings_
 
 
 def test_the_tma_table_gives_time_to_target_over_repeats_from_launch_with_overlap(tmp_path):
-    from degnn.bench.report import tma_section
+    from benchmarks.report import tma_section
 
     for rep, (td, tt) in enumerate(((40.0, 18.0), (36.0, 30.0), (44.0, 38.0))):
         _run(tmp_path, f"d/r{rep}/0", [(td / 2, 0.6), (td, 0.72)], [], pipeline="distdgl", best_val=0.72,
@@ -163,7 +163,7 @@ def test_the_tma_table_gives_time_to_target_over_repeats_from_launch_with_overla
 
 
 def test_a_converged_baseline_run_sets_the_time_to_target(tmp_path):
-    from degnn.bench.report import lamp_section
+    from benchmarks.report import lamp_section
 
     _invocation(tmp_path, (8.0, 9.0, 10.0))
     # distdgl's own longer run reached 0.605: the target is 0.595, which lamp reaches in its first half
@@ -180,7 +180,7 @@ def test_a_converged_baseline_run_sets_the_time_to_target(tmp_path):
 
 
 def test_the_baseline_is_the_faster_distdgl_loop_where_both_ran():
-    from degnn.bench.report import best_baseline
+    from benchmarks.report import best_baseline
 
     sync = [{"prefetch": 0, "epoch_times_s": [t]} for t in (5.0, 5.2, 5.4)]
     ahead = [{"prefetch": 1, "epoch_times_s": [t]} for t in (5.6, 5.1, 5.9)]
@@ -190,7 +190,7 @@ def test_the_baseline_is_the_faster_distdgl_loop_where_both_ran():
 
 
 def test_the_host_probe_times_a_fixed_loop():
-    from degnn.bench.host_probe import probe_s
+    from benchmarks.host_probe import probe_s
 
     # a tenth of the loop takes about a tenth of the time (the host's speed, not a constant)
     full, tenth = probe_s(3), probe_s(3, n=500_000)
@@ -198,7 +198,7 @@ def test_the_host_probe_times_a_fixed_loop():
 
 
 def test_ratios_pair_the_runs_of_one_repeat_of_one_invocation():
-    from degnn.bench.spread import paired_ratios
+    from benchmarks.spread import paired_ratios
 
     def run(invocation, rep, t):
         return {"_rel": f"s/r{rep}/0", "t": t, "_record": {"invocation": invocation}}
@@ -209,7 +209,7 @@ def test_ratios_pair_the_runs_of_one_repeat_of_one_invocation():
 
 
 def test_prefetch_against_the_synchronous_loop_pairs_the_runs_of_each_repeat(tmp_path):
-    from degnn.bench.report import prefetch_pairs
+    from benchmarks.report import prefetch_pairs
 
     # the host slows down over the repeats; within each repeat prefetch 1 is 5% faster but in one
     for rep, (sync, ahead) in enumerate(((4.0, 3.8), (5.0, 4.75), (6.0, 6.3))):
@@ -227,7 +227,7 @@ def test_prefetch_against_the_synchronous_loop_pairs_the_runs_of_each_repeat(tmp
 def test_a_commit_is_dirty_for_a_changed_tracked_file_not_for_an_untracked_results_folder(tmp_path):
     import subprocess
 
-    from degnn.bench.records import git_commit
+    from benchmarks.records import git_commit
 
     git = ["git", "-C", str(tmp_path), "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run([*git, "init", "-q"], check=True)

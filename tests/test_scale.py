@@ -8,7 +8,7 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from degnn.bench.scale import growth, log_slope
+from benchmarks.scale import growth, log_slope
 from degnn.launch.limits import parse_size
 from degnn.launch.preflight import check_config
 from degnn.pipelines.tma import TMAPipeline
@@ -31,12 +31,13 @@ def whole_graph_bytes(ds) -> int:
 def test_bench_scale_composes_and_every_job_is_a_valid_run():
     from hydra import compose, initialize_config_dir
 
+    from benchmarks.config import compose_bench
     from degnn.config import CONF_DIR, register_configs
 
     register_configs()
     seen = set()
+    bench = compose_bench(["bench=scale"])
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        bench = compose("bench", overrides=["bench=scale"])
         for suite in bench.bench.suites:
             assert suite.module == "degnn.launch", suite.name
             for job in _jobs(suite):
@@ -80,7 +81,7 @@ def test_log_slope_is_the_power_law_exponent():
 
 
 def test_scale_section_renders_the_ladder_and_the_fitted_exponents(tmp_path):
-    from degnn.bench.report import collect, plot_note, write_report
+    from benchmarks.report import collect, plot_note, write_report
 
     sizes = (250_000, 1_000_000, 4_000_000)
     for i, n in enumerate(sizes):
@@ -121,7 +122,7 @@ def test_the_partitioner_records_its_load_time_and_peak_and_the_launcher_copies_
 
     from degnn.config import DatasetConfig, PartitionConfig
     from degnn.launch.launcher import partition_keys
-    from degnn.partition import ensure_partitions
+    from degnn.partition_cache import ensure_partitions
 
     ds = OmegaConf.merge(OmegaConf.structured(DatasetConfig),
                          {"name": "synthetic-tiny", "kind": "synthetic", "num_nodes": 2000, "num_classes": 8,

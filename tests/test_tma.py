@@ -605,7 +605,7 @@ def _fake(root, name, curve, **summary):
 
 
 def test_report_has_the_tma_tables_without_variants_overwriting_each_other(tmp_path):
-    from degnn.bench.report import write_report
+    from benchmarks.report import write_report
 
     _fake(tmp_path, "d/0", [(10, 0.60), (20, 0.70), (40, 0.72)], pipeline="distdgl", variant="default",
           best_val=0.72, test=0.70, test_final=0.69, batches=400, trainers=4, train_time_s=40.0,

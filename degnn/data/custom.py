@@ -15,7 +15,7 @@ import os.path as osp
 
 import torch
 
-from . import DatasetError, GraphData, config_value
+from .graph import DatasetError, GraphData, config_value
 from . import ogb_layout as L
 from .evaluate import accuracy_evaluator, mrr_evaluator
 
@@ -124,7 +124,7 @@ def _load_folder(name: str, path: str, task: str, cfg) -> GraphData:
     # ogb only uses num_classes as metadata; our own count comes from the labels when not configured
     meta = L.node_meta(path, name, max(num_classes, 1), splits[0], extra_node_files=extra)
     _, g, labels, split = L.read_node(name, path, meta)
-    from . import node_masks
+    from .graph import node_masks
 
     label = labels.reshape(-1)
     if label.is_floating_point():

@@ -32,7 +32,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import DatasetError, GraphData, config_value, graph_stats, node_masks, resolve_root
+from .graph import DatasetError, GraphData, config_value, graph_stats, node_masks, resolve_root
 from . import ogb_layout as L
 from .evaluate import accuracy_evaluator
 from .wordnet import tfidf_features

@@ -5,7 +5,7 @@ target) is ranked against `NUM_NEG` = 1000 negative targets of the same source, 
 OGB ships citation2's negatives; for the graphs degnn builds (wordnet-link, synthetic-*-link) and
 for a custom link folder without `target_node_neg`, `sample_negatives` draws them once, seeded,
 and they are stored with the dataset (split_dict.pt) and carried with its partitions
-(degnn/partition/writer.py), so every pipeline and every run scores the same candidates.
+(partitioners/writer.py), so every pipeline and every run scores the same candidates.
 
 Negatives are uniform over the nodes, excluding the source itself and every node it is linked to
 in the whole graph (held-out edges included), as the TMA paper's Reddit split does.

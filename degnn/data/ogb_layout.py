@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from dgl import DGLError
 
-from . import DatasetError
+from .graph import DatasetError
 
 RELEASE = "RELEASE_v1.txt"
 PROCESSED = osp.join("processed", "dgl_data_processed")

@@ -19,7 +19,7 @@ import urllib.parse
 import pandas as pd
 import torch
 
-from . import DatasetError, GraphData, config_value, node_masks, resolve_root
+from .graph import DatasetError, GraphData, config_value, node_masks, resolve_root
 from . import ogb_layout as L
 from .evaluate import accuracy_evaluator, mrr_evaluator
 

@@ -23,7 +23,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from . import DatasetError, GraphData, config_value, node_masks, resolve_root
+from .graph import DatasetError, GraphData, config_value, node_masks, resolve_root
 from . import ogb_layout as L
 from .evaluate import accuracy_evaluator, mrr_evaluator
 from .linksplit import hold_out, link_knobs

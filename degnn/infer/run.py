@@ -17,7 +17,7 @@ from degnn.runtime.checkpoint import BEST_MODEL, CONFIG_FILE
 # where the data lies now, never what was trained
 OVERRIDABLE = ("cluster.", "train.eval_batch_size", "train.device", "dataset.root", "partition.root",
                "partition.path")
-# new (partition) node id -> original id, beside the partition JSON (degnn/partition/writer.py)
+# new (partition) node id -> original id, beside the partition JSON (partitioners/writer.py)
 ORIG_NIDS = "orig_nids.pt"
 GROUPS = ("dataset", "model", "pipeline", "partition", "cluster")
 
@@ -119,9 +119,10 @@ def load_best_model(run_dir) -> dict:
 def run_partitions(cfg, run_dir) -> Path:
     """The partition JSON the run trained on: its `partition.path` (a partition made elsewhere,
     checked as the launcher checks it), else the cached partitions of its dataset and partition
-    config (degnn.partition.planned_partitions); either must still be there, with the original
+    config (degnn.partition_cache.planned_partitions); either must still be there, with the original
     node ids (orig_nids.pt beside the JSON: new id -> original id)."""
-    from degnn.partition import PartitionError, existing_partition, planned_partitions
+    from degnn.partition_cache import planned_partitions
+    from partitioners import PartitionError, existing_partition
     from degnn.runtime.cluster import machines_of
 
     if cfg.partition.get("path"):

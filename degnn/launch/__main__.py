@@ -1,6 +1,6 @@
 """`python -m degnn.launch <hydra overrides>` (or `degnn-launch`): start a cluster job (or a sweep of them with -m).
 
-Each Hydra job: build or find the partitions (`degnn.partition.ensure_partitions`), then run one
+Each Hydra job: build or find the partitions (`degnn.partition_cache.ensure_partitions`), then run one
 cluster in the job's own output directory (`cluster.dry_run=true`: print the plan, with the
 partitions it would build, and build nothing). `-m` sweeps run one cluster after another; the
 processes themselves always run a single job (`hydra.run.dir=<that directory>`), never a sweep.
@@ -50,7 +50,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def config_dirs(hc) -> list:
-    """The folders Hydra composes from (degnn/conf/ and those on hydra.searchpath)."""
+    """The folders Hydra composes from (conf/ and those on hydra.searchpath)."""
     return [s.path for s in hc.runtime.config_sources if s.schema == "file" and s.path]
 
 
@@ -58,7 +58,7 @@ def _print_partition_report(part_config) -> None:
     import json
     from pathlib import Path
 
-    from degnn.partition.stats import format_table
+    from partitioners.stats import format_table
 
     stats = Path(part_config).parent / "stats.json"
     if stats.is_file():
@@ -92,7 +92,7 @@ def main(cfg: DictConfig) -> None:
         task += picked
         check_resume_dir(cfg, len(machines) * cfg.cluster.trainers_per_machine)
         if cfg.partition.path:  # made elsewhere: checked, then used as it is
-            from degnn.partition import PartitionError, existing_partition
+            from partitioners import PartitionError, existing_partition
 
             wants = [o.split("=", 1)[1] for o in picked if o.startswith("partition=")]
             try:
@@ -106,9 +106,9 @@ def main(cfg: DictConfig) -> None:
         _launch(cfg, run_dir, str(part_config), task)
         return
     try:
-        from degnn.partition import ensure_partitions, planned_partitions
+        from degnn.partition_cache import ensure_partitions, planned_partitions
     except ImportError as e:
-        _fail(f"degnn.partition.ensure_partitions is not available ({_one_line(e)})")
+        _fail(f"degnn.partition_cache.ensure_partitions is not available ({_one_line(e)})")
     if cfg.cluster.dry_run:  # the plan, with the partitions a real run uses or builds: no dataset
         try:
             part_config, built = planned_partitions(cfg.dataset, cfg.partition)
@@ -173,7 +173,7 @@ NO_JOB_FLAGS = ("-h", "--help", "--hydra-help", "-c", "--cfg", "-i", "--info", "
 
 def _run_dir_args(argv) -> list:
     """(key, value) of the directories Hydra will create: hydra.run.dir, or hydra.sweep.dir for
-    -m; the defaults (degnn/conf/config.yaml) are under ./runs. None for a flag that runs no job."""
+    -m; the defaults (conf/config.yaml) are under ./runs. None for a flag that runs no job."""
     if any(a in NO_JOB_FLAGS or a.startswith("--cfg=") for a in argv):
         return []
     multirun = any(a in ("-m", "--multirun") for a in argv)

@@ -12,7 +12,7 @@ A launcher killed with SIGKILL runs no clean-up of its own. Its processes and ho
     trainers, DEGNN_HOLDER_OF for holders), e.g. one whose parent-death signal was lost;
   - partition folders a killed writer left half-written:
     `<partition.root>/<dataset>/.<name>.tmp-<pid>-<hex>` (and `.<name>.old-<pid>-<hex>`,
-    degnn/partition/api.py), whose writing process `<pid>` is gone.
+    partitioners/folder.py), whose writing process `<pid>` is gone.
 Only state of launchers whose pid no longer exists is touched; live runs are left alone.
 `--cleanup` looks in `partition.root=DIR` when given, else `$DEGNN_PARTITIONS` or `./partitions`
 (the default partition.root).

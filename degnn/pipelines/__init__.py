@@ -1,6 +1,6 @@
 """Training pipelines behind one contract (base.Pipeline), trained by one loop (loop.py).
 
-A pipeline is found through its config, never by name in code: `degnn/conf/pipeline/<name>.yaml` (or
+A pipeline is found through its config, never by name in code: `conf/pipeline/<name>.yaml` (or
 the same file in a folder on Hydra's search path, `hydra.searchpath=[file://DIR]`) sets
 `_target_` to the pipeline class. The launcher and the process entry read what the class
 declares (tasks, fault policy, trainers per machine, its preflight).

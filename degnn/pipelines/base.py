@@ -1,7 +1,7 @@
 """The contract of a pipeline: what it declares, and the few parts it supplies to the loop.
 
 A pipeline is its folder under degnn/pipelines/ (or anywhere importable) plus a config file
-`degnn/conf/pipeline/<name>.yaml` whose `_target_` names its class. The training loop (loop.py) owns
+`conf/pipeline/<name>.yaml` whose `_target_` names its class. The training loop (loop.py) owns
 everything the pipelines share: seeding, the model and optimizer, the per-batch tail (phase
 timing, heartbeat, progress bar), divergence, evaluation scheduling, the best model,
 checkpoints and resume, the time budget, the curve and the summary (record.py). A pipeline

@@ -11,7 +11,7 @@ def read_partition_json(path) -> dict:
         meta = json.loads(path.read_text())
     except FileNotFoundError:
         raise FileNotFoundError(f"partition config {path} not found: partition the dataset first "
-                                f"(python -m degnn.partition ...) or fix the path") from None
+                                f"(python -m partitioners ...) or fix the path") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"partition config {path} is not valid JSON ({e}): re-create the partitions") from None
     for key in ("graph_name", "num_parts"):

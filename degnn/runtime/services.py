@@ -3,7 +3,7 @@
 client only decodes responses of services it registered.
 
 Which modules define services comes from the configuration: `pipeline.services` (a list of module
-names in degnn/conf/pipeline/<name>.yaml), each module holding a `SERVICES` list of (service_id,
+names in conf/pipeline/<name>.yaml), each module holding a `SERVICES` list of (service_id,
 request_class, response_class). Servers and trainers compose the same config, so both register the
 same services, and this module never names a pipeline. The modules must import cheaply (dgl and
 torch only): a server imports them before it serves.
@@ -24,10 +24,10 @@ def all_services(modules: Iterable[str]) -> list:
             module = importlib.import_module(str(name))
         except ImportError as e:
             raise RuntimeError(f"pipeline.services names {name}, which does not import ({e}): "
-                               f"fix the module name in degnn/conf/pipeline/") from None
+                               f"fix the module name in conf/pipeline/") from None
         if not hasattr(module, "SERVICES"):
             raise RuntimeError(f"pipeline.services names {name}, which defines no SERVICES list: "
-                               f"remove it from degnn/conf/pipeline/ or add the list")
+                               f"remove it from conf/pipeline/ or add the list")
         out += list(module.SERVICES)
     ids = [sid for sid, _, _ in out]
     if len(ids) != len(set(ids)):

@@ -16,7 +16,7 @@ methods as the node task (degnn/tasks/node.py), so their loops are the same for 
 Evaluation: full-neighbour embeddings of every node (layer-wise, once per evaluation), then each
 validation/test edge's logit and the logits of its 1000 fixed negatives (`link_scores`), ranked by
 OGB's Evaluator (degnn.data.evaluate.reciprocal_ranks). The held-out edges and negatives reach the
-trainers with the partition (`load_link_split`: degnn/partition/writer.py wrote them in the partition's
+trainers with the partition (`load_link_split`: partitioners/writer.py wrote them in the partition's
 node ids).
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ from degnn.tasks.evaluation import gather_to_rank0, remote_rows
 
 # negatives per training positive (the paper's Uniform(k=1); BCE's pos_weight = k / 1 = 1)
 NEG_PER_POS = 1
-LINK_SPLIT = "link_split.pt"  # degnn.partition.writer.LINK_SPLIT (not imported: trainers need no partitioner)
+LINK_SPLIT = "link_split.pt"  # partitioners.writer.LINK_SPLIT (not imported: trainers need no partitioner)
 
 
 def local_edge_loader(graph, eids: torch.Tensor, fanouts, batch_size: int):
@@ -74,7 +74,7 @@ def load_link_split(part_config) -> Dict[str, Dict[str, torch.Tensor]]:
     path = Path(part_config).parent / LINK_SPLIT
     if not path.is_file():
         raise LinkSplitError(f"{path} missing: a link dataset's partitions carry its validation and test "
-                             f"edges; partition it with degnn's partitioners (python -m degnn.partition, or let "
+                             f"edges; partition it with degnn's partitioners (python -m partitioners, or let "
                              f"degnn.launch do it), not DGL's partition_graph")
     split = torch.load(path, map_location="cpu", weights_only=True)
     # negatives stay as stored (int32 when the ids fit: citation2 has 2 x 87k x 1000 of them)

@@ -8,7 +8,7 @@ from degnn.config import PipelineConfig
 
 @dataclass
 class DistDGLConfig(PipelineConfig):
-    """The keys of pipeline=distdgl (degnn/conf/pipeline/distdgl.yaml): a mistyped key or a wrong
+    """The keys of pipeline=distdgl (conf/pipeline/distdgl.yaml): a mistyped key or a wrong
     type is refused before anything starts (degnn.pipelines.typed_config)."""
 
     name: str = "distdgl"

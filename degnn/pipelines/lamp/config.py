@@ -9,7 +9,7 @@ from degnn.config import PipelineConfig
 
 @dataclass
 class LAMPConfig(PipelineConfig):
-    """The keys of pipeline=lamp (degnn/conf/pipeline/lamp.yaml): a mistyped key or a wrong type is
+    """The keys of pipeline=lamp (conf/pipeline/lamp.yaml): a mistyped key or a wrong type is
     refused before anything starts (degnn.pipelines.typed_config)."""
 
     name: str = "lamp"

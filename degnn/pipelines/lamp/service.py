@@ -1,5 +1,5 @@
 """pipeline.engine=server: the owners are DGL's graph servers, asked over DGL RPC. The services
-are registered in every server and trainer (`pipeline.services` in degnn/conf/pipeline/lamp.yaml,
+are registered in every server and trainer (`pipeline.services` in conf/pipeline/lamp.yaml,
 degnn.runtime.services) before `dgl.distributed.initialize`; this module imports dgl and torch
 only.
 

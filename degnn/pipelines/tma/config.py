@@ -9,7 +9,7 @@ from degnn.config import PipelineConfig
 
 @dataclass
 class TMAConfig(PipelineConfig):
-    """The keys of pipeline=tma (degnn/conf/pipeline/tma.yaml): a mistyped key or a wrong type is
+    """The keys of pipeline=tma (conf/pipeline/tma.yaml): a mistyped key or a wrong type is
     refused before anything starts (degnn.pipelines.typed_config), and other pipelines have none of them.
 
     Durations are seconds (`_s`), like every duration key of degnn; the launcher checks them (and

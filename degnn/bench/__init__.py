@@ -1,1 +1,0 @@
-"""degnn benchmarks: `make bench` (python -m degnn.bench) and the partition benchmark."""
