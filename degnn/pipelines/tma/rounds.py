@@ -48,6 +48,9 @@ def rank_file(rank: int) -> str:
 
 
 class RoundLoop:
+    """Drives a RoundPipeline (contract.py) through the coordinator's rounds; `client` is the
+    coordinator's client (a test may give one that answers in-process)."""
+
     def __init__(self, pipeline: RoundPipeline, client: Optional[CoordinatorClient] = None):
         self.p = pipeline
         self.ctx, self.cfg = pipeline.ctx, pipeline.cfg

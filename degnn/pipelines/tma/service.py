@@ -6,18 +6,18 @@ degnn.runtime.services); this module imports dgl and torch only.
 One dataclass per message, as LAMP's service does (degnn.runtime.services' MessageRequest: the
 fields are the RPC state, tensors shipped raw; `process` runs in the server):
 
-| id     | request     | fields                                                            | answer                                      |
-|--------|-------------|-------------------------------------------------------------------|---------------------------------------------|
-| 774201 | Hello       | rank, the run's plan (active ranks, timeouts, units, phases, ...) | Status: ok                                  |
-| 774202 | Submit      | round, rank, weights, weight, stats                               | Status: ok, late                            |
-| 774203 | PollMean    | round, rank                                                       | Weights: wait, mean                         |
-| 774204 | Beat        | round, rank, unit (None: the lead)                                | Status: ok, not-holder, not-evaluator       |
-| 774205 | EvalPoll    | round, rank                                                       | Weights: wait, lead, work, scored, released |
-| 774206 | EvalOpen    | round, rank, weights (LLCG's corrected), corr_s                   | Status: ok, not-evaluator                   |
-| 774207 | EvalDone    | round, rank, phase, unit, partial, stats                          | Status: ok, late                            |
-| 774208 | Release     | round, rank, weights, state                                       | Status: ok, not-evaluator                   |
-| 774209 | PollStart   | round, rank                                                       | Status: go, wait                            |
-| 774210 | PollRelease | round, rank                                                       | Weights: wait, released                     |
+| id     | request     | fields                                             | answer: its statuses                        |
+|--------|-------------|----------------------------------------------------|---------------------------------------------|
+| 774201 | Hello       | rank, the run's plan (ranks, timeouts, units, ...) | Status: ok                                  |
+| 774202 | Submit      | round, rank, weights, weight, stats                | Status: ok, late                            |
+| 774203 | PollMean    | round, rank                                        | Weights: wait, mean                         |
+| 774204 | Beat        | round, rank, unit (None: the lead)                 | Status: ok, not-holder, not-evaluator       |
+| 774205 | EvalPoll    | round, rank                                        | Weights: wait, lead, work, scored, released |
+| 774206 | EvalOpen    | round, rank, weights (LLCG), corr_s                | Status: ok, not-evaluator                   |
+| 774207 | EvalDone    | round, rank, phase, unit, partial, stats           | Status: ok, late                            |
+| 774208 | Release     | round, rank, weights, state                        | Status: ok, not-evaluator                   |
+| 774209 | PollStart   | round, rank                                        | Status: go, wait                            |
+| 774210 | PollRelease | round, rank                                        | Weights: wait, released                     |
 
 An answer's `error` (non-empty) says why the server could not answer; the client raises
 CoordinatorError with it. Every request is answered, errors included: an exception inside a DGL
