@@ -191,7 +191,7 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     if driver.record.wrote_summary and not os.environ.get("DEGNN_LAUNCHED"):
         # (degnn.launch prints it itself, once it has added the wire counters)
         print(result_line(summary), flush=True)
-    if not gloo and (os.environ.get("DEGNN_LAUNCHED") or not pipeline.all_trainers_alive):
+    if not gloo and (os.environ.get("DEGNN_LAUNCHED") or not getattr(driver, "all_trainers_alive", True)):
         # DGL's exit handler (exit_client) starts with a barrier of all clients on server 0, which
         # never completes when a trainer is dead: leave without it; degnn's launcher stops the
         # servers. (Started by DGL's launch.py with every trainer alive, the normal exit below

@@ -418,7 +418,7 @@ def test_ctrl_c_while_torch_imports_is_one_line(tmp_path):
 
 # ---- TMA: a diverged run, and its failure summary in rounds -------------------------------------------
 def test_the_coordinator_calls_a_round_diverged_when_every_trained_loss_is_not_finite():
-    from degnn.pipelines.tma.service import Coordinator
+    from degnn.pipelines.tma.coordinator import Coordinator
     c = Coordinator([0, 1], round_timeout_s=5, start_timeout_s=60, evaluator_timeout_s=10)
     for r, losses in ((1, (0.5, float("nan"))), (2, (float("inf"), float("nan")))):
         for rank, loss in enumerate(losses):

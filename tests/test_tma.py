@@ -24,7 +24,7 @@ from degnn.launch.supervisor import Supervisor
 from degnn.metrics import read_curve
 from degnn.proc import environ_of
 from degnn.pipelines.tma import VARIANT_PARTITION, TMAPipeline
-from degnn.pipelines.tma.service import Coordinator
+from degnn.pipelines.tma.coordinator import Coordinator
 from degnn.entry import compose_config
 
 REPO = Path(__file__).resolve().parents[1]

@@ -135,10 +135,8 @@ class EpochLoop:
         for epoch in range(state["epoch"] + 1, cfg.train.epochs + 1):
             loss, nb, dt = self.timed_epoch(epoch)
             if diverged(loss, nb):
-                state["error"] = (f"diverged at epoch {epoch}: the training loss is not finite; "
-                                  f"lower train.lr or check the data")
-                p.log.error(state["error"])
-                rec.curve({"epoch": epoch, "loss": None, "diverged": True, "wall_s": round(time.time() - wall0, 3)})
+                rec.diverged("epoch", epoch, f"diverged at epoch {epoch}: the training loss is not finite; "
+                                             f"lower train.lr or check the data", time.time() - wall0)
                 break  # the last checkpoint stays the last good state
             if self.after_epoch(epoch, loss, nb, dt, wall0):
                 break

@@ -2,8 +2,11 @@
 the best validation point and its model, checkpoints a later run resumes from, curve.jsonl and
 the typed run summary (degnn.metrics.summary).
 
-The epoch loop (loop.py) and TMA's rounds (tma/rounds.py) both drive a `RunRecord`; only the
-process that `writes` touches the run directory's shared files.
+The epoch loop (loop.py) and TMA's rounds (tma/rounds.py) both drive a `RunRecord`, and every
+way a run of theirs ends goes through it: the summary (`summary`: status ok, or failed with the
+state's `error`) and a run that stops itself (`diverged`: the error and its curve line). Only the
+process that `writes` touches the run directory's shared files; a run whose processes fail is
+summarised by the launcher (degnn/launch/launcher.py, `write_failure`) from the curve written here.
 """
 from __future__ import annotations
 
@@ -156,6 +159,14 @@ class RunRecord:
             p = self.p
             self.tracker.line(record, self.ctx.counter.as_dict(), dict(p.timer.total), p.batches,
                               p.timed["train_s"])
+
+    def diverged(self, key: str, at: int, error: str, wall_s: float) -> None:
+        """A run that stops itself on a non-finite loss at epoch (round) `at`: the error goes into
+        the state (the summary's status is then failed, with it) and the log, and the curve gets
+        a `diverged` line; the last checkpoint stays the last good state."""
+        self.state["error"] = error
+        self.p.log.error(error)
+        self.curve({key: at, "loss": None, "diverged": True, "wall_s": round(wall_s, 3)})
 
     def track_from_here(self) -> None:
         """The per-batch numbers of the next TensorBoard line count from this trainer's counters now."""

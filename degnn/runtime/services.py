@@ -9,11 +9,19 @@ same services, and this module never names a pipeline. The modules must import c
 torch only): a server imports them before it serves.
 
 Service ids are chosen far from DGL's own (6657-6662, 901231-901240).
+
+`MessageRequest` and `MessageResponse` are the shared idiom for a service's messages: one
+dataclass per request (and per kind of answer), as degnn/pipelines/tma/service.py uses them.
 """
 from __future__ import annotations
 
 import importlib
+import traceback
+from dataclasses import dataclass, fields
 from typing import Iterable
+
+import torch
+from dgl.distributed import rpc
 
 
 def all_services(modules: Iterable[str]) -> list:
@@ -40,3 +48,67 @@ def register(modules: Iterable[str]) -> None:
 
     for service_id, req, res in all_services(modules):
         dgl.distributed.register_service(service_id, req, res)
+
+
+# --- one class per message ----------------------------------------------------------------------
+# A service's requests and responses are dataclasses whose fields are the message: the RPC state
+# is the fields in order, so tensors are top-level members that DGL ships as raw buffers (the
+# rest is pickled). A request's `process(server_state)` runs in the server (DGL's
+# `process_request`); an exception there is answered as the response's `error`, since DGL would
+# otherwise kill the server and leave every trainer waiting.
+def message_state(msg) -> tuple:
+    """A dataclass message's fields, in order: its RPC state."""
+    return tuple(getattr(msg, f.name) for f in fields(msg))
+
+
+def set_message_state(msg, state) -> None:
+    names = [f.name for f in fields(msg)]
+    # DGL hands a one-element state back unwrapped
+    values = (state,) if len(names) == 1 else tuple(state)
+    if len(values) != len(names):
+        raise ValueError(f"{type(msg).__name__}: {len(values)} values for fields {names}")
+    for name, value in zip(names, values):
+        setattr(msg, name, value)
+
+
+def tensor_bytes(msg) -> int:
+    """The bytes of a message's tensors (the pickled remainder is not counted)."""
+    return sum(v.numel() * v.element_size() for v in message_state(msg) if isinstance(v, torch.Tensor))
+
+
+@dataclass
+class MessageResponse(rpc.Response):
+    """Base of a dataclass response: `error` (empty: none) says why the server could not answer;
+    a subclass's own fields follow it, each with a default (an error answer has only `error`)."""
+
+    error: str = ""
+
+    def __getstate__(self):
+        return message_state(self)
+
+    def __setstate__(self, state):
+        set_message_state(self, state)
+
+
+class MessageRequest(rpc.Request):
+    """Base of a dataclass request: `process` answers it in the server, with an instance of
+    `response_cls`; an exception becomes that response's `error`."""
+
+    response_cls = MessageResponse
+
+    def __getstate__(self):
+        return message_state(self)
+
+    def __setstate__(self, state):
+        set_message_state(self, state)
+
+    def process_request(self, server_state):
+        try:
+            return self.process(server_state)
+        except Exception:  # noqa: BLE001 - answered, not raised: the server must live on
+            error = f"{type(self).__name__} on server: {traceback.format_exc(limit=5)}"
+            print(f"degnn service error: {error}", flush=True)
+            return self.response_cls(error=error)
+
+    def process(self, server_state):
+        raise NotImplementedError

@@ -11,10 +11,12 @@ edges dropped, no feature traffic), replaced by the mean of the live trainers' m
 | psgd-pa    | metis (one edge-balanced part each)      | -                                     |
 | llcg       | metis                                    | `corr_steps` whole-graph Adam steps   |
 
-A round (rounds.py drives it, service.py has the protocol): every trainer trains for `sync_every_s` seconds
-of wall time at its own pace (this class's `step`, finishing the step under way), submits its
-parameters to the averaging service on graph server 0 and gets the (by default unweighted) mean
-of whoever submitted by the deadline; its Adam state stays its own. Then (every
+A round (rounds.py drives it through the round contract, contract.py, which this class
+implements; service.py has the coordinator's messages, coordinator.py their state machine):
+every trainer trains for `sync_every_s` seconds of wall time at its own pace (this class's
+`train_for`, finishing the step under way), submits its parameters to the averaging service
+on graph server 0 and gets the (by default unweighted) mean of whoever submitted by the
+deadline; its Adam state stays its own. Then (every
 `train.eval_every`-th round and the last) the live trainers evaluate the averaged model together
 (evaluation.py: layer-wise full-neighbour inference on the DistGraph, each trainer computing units
 of nodes the coordinator hands out, no process holding the whole graph), outside everyone's
@@ -40,13 +42,12 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 from omegaconf import OmegaConf
@@ -56,14 +57,13 @@ from degnn.config import CONF_DIR
 from degnn.pipelines.base import Pipeline
 
 from .config import TMAConfig
+from .contract import RoundPlan
 from .evaluation import SharedEvaluation
 from .local import build_local_data
-from .rounds import Replaced, RoundLoop
-from .service import CoordinatorClient
+from .rounds import RoundLoop
 
 VARIANT_PARTITION = {"random": "random", "supernode": "supernode", "psgd-pa": "metis", "llcg": "metis"}
 WEIGHTINGS = ("uniform", "train_nodes")
-BEAT_EVERY_S = 2.0
 
 @dataclass
 class TMASummary:
@@ -98,6 +98,9 @@ class TMASummary:
 
 
 class TMAPipeline(Pipeline):
+    """The round contract's pipeline (contract.RoundPipeline): `plan`, `train_for`,
+    `export_weights` / `load_weights`, `correct`, `eval_unit`, `own_state` / `load_own_state`."""
+
     name = "tma"
     tasks = ("node", "link")
     config_schema = TMAConfig
@@ -156,14 +159,10 @@ class TMAPipeline(Pipeline):
         g = ctx.graph
         self.pb = g.get_partition_book()
         self.part = int(self.pb.partid)
-        self.sync_s = float(p.sync_every_s)
-        self.limit_s = float(p.time_limit_s)
-        self.rounds_total = max(1, math.ceil(self.limit_s / self.sync_s - 1e-9))
         tpm = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", cfg.cluster.trainers_per_machine)))
         self.active = [r for r in range(ctx.world_size) if r // tpm not in set(p.drop_parts)]
         self.dropped = self.part in set(p.drop_parts)
         task.prepare(ctx, collective=False)  # no torch.distributed here (a trainer may die)
-        self.client = CoordinatorClient(ctx.rank, ctx.counter)
         self.local = build_local_data(g, str(ctx.part_config), self.log, task)
         self.in_dim = self.local.graph.ndata["feat"].shape[1]
         self.build_model(self.in_dim)  # the same initial weights everywhere (round 0 makes sure)
@@ -173,47 +172,82 @@ class TMAPipeline(Pipeline):
         self.label = self.local.graph.ndata.get("label")
         self.weight = 1.0 if p.weighting == "uniform" else float(n_train)
         self.train_s = 0.0  # this trainer's own time in local training steps
+        self._batches = None  # the endless iterator over local mini-batches (first train_for)
         self.corrector = None
-        self.last_beat = 0.0
-        self.eval_round: Optional[int] = None  # the round this trainer evaluates now
         self.kill_at = float(p.kill_at_s) if p.kill_rank == ctx.rank else None
         # every trainer makes the evaluation's DistTensors together (a DGL barrier), dropped ones too
         self.evaluation = SharedEvaluation(g, task, ctx.counter, cfg.train.eval_batch_size)
         task.evaluate_fn()  # the dataset's evaluator (OGB's), built once before the clocks start
+        self.plan = self.round_plan()
         g_local = self.local.graph
         self.log.info("tma/%s: partition %d%s: %d nodes, %d of %d edges kept (cross-partition edges "
                       "dropped), %d train %s; %s, %d parameters; %d rounds of %.0fs",
                       p.variant, self.part, " (dropped: never trains)" if self.dropped else "",
                       g_local.num_nodes(), g_local.num_edges(), self.local.edges_total, n_train,
                       task.unit, task.describe(), sum(t.numel() for t in self.model.parameters()),
-                      self.rounds_total, self.sync_s)
+                      self.plan.rounds, self.plan.sync_s)
+
+    def round_plan(self) -> RoundPlan:
+        """The rounds as the driver runs them (contract.RoundPlan)."""
+        p = self.cfg.pipeline
+        evaluation = self.evaluation.plan()
+        return RoundPlan(
+            sync_s=float(p.sync_every_s), limit_s=float(p.time_limit_s), active=list(self.active),
+            trains=not self.dropped, homes=evaluation["homes"], phases=evaluation["phases"],
+            corrects=self.corrects, eval_every=int(self.cfg.train.eval_every),
+            round_timeout_s=float(p.round_timeout_s), evaluator_timeout_s=float(p.evaluator_timeout_s),
+            weight=self.weight, round_bytes=self.round_bytes())
 
     def rank_seed(self) -> int:
         return self.cfg.train.seed + 1000 * (self.ctx.rank + 1)
 
-    def coordinator_settings(self, start_timeout_s: float) -> dict:
+    @property
+    def corrects(self) -> bool:
         p = self.cfg.pipeline
-        return {"active": self.active, "start_timeout_s": start_timeout_s,
-                "round_timeout_s": float(p.round_timeout_s),
-                "evaluator_timeout_s": float(p.evaluator_timeout_s),
-                "corrects": p.variant == "llcg" and p.corr_steps > 0, **self.evaluation.plan(),
-                "eval_every": int(self.cfg.train.eval_every), "rounds_total": self.rounds_total}
+        return p.variant == "llcg" and p.corr_steps > 0
 
     def round_bytes(self) -> int:
         """Averaging bytes of one trainer a round: parameters up, the mean down (LLCG: the
         corrected weights down too)."""
-        p = self.cfg.pipeline
-        return self.param_bytes() * (3 if p.variant == "llcg" and p.corr_steps > 0 else 2)
+        return self.param_bytes() * (3 if self.corrects else 2)
 
     # --- the model as one flat tensor --------------------------------------------------------------
-    def flat(self) -> torch.Tensor:
+    def export_weights(self) -> torch.Tensor:
         return parameters_to_vector(self.model.parameters()).detach().clone()
 
-    def load_flat(self, flat: torch.Tensor) -> None:
+    def load_weights(self, flat: torch.Tensor) -> None:
         with torch.no_grad():
             vector_to_parameters(flat.to(torch.float32), self.model.parameters())
 
+    def own_state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "steps": self.batches, "train_s": self.train_s, "wire_train_bytes": self.wire_train_bytes}
+
+    def load_own_state(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.train_s = state["train_s"]
+
     # --- local training ------------------------------------------------------------------------------
+    def train_for(self, seconds: float) -> Tuple[int, float]:
+        """Local steps until `seconds` of wall time have passed: (steps, mean loss). The time
+        counts as this trainer's training, the wire bytes meanwhile as its training traffic."""
+        t0 = time.time()
+        w0, steps0 = self.wire.read(), self.batches
+        total = 0.0
+        if self.loader is None:  # no training nodes (edges) here: the round passes idle
+            time.sleep(seconds)
+        else:
+            if self._batches is None:
+                self._batches = iter(self.batches_of(0))
+            while time.time() < t0 + seconds:
+                total += self.step(next(self._batches))
+        self.train_s += time.time() - t0
+        if w0 is not None:
+            self.wire_train_bytes += self.wire.read() - w0
+        n = self.batches - steps0
+        return n, (total / n if n else float("nan"))
+
     def batches_of(self, epoch: int):
         """Local mini-batches without end: a new pass over the loader whenever one ends."""
         while True:
@@ -250,39 +284,24 @@ class TMAPipeline(Pipeline):
                 "nodes": self.local.graph.num_nodes(),
                 "edges": self.local.graph.num_edges(), "edges_total": self.local.edges_total}
 
-    # --- the evaluator's part of a round --------------------------------------------------------------
-    @property
-    def is_writer(self) -> bool:
-        """The evaluator of the current round writes the shared files (curve, best model, summary)."""
-        return self.eval_round is not None
-
-    def beat(self) -> None:
-        """The lead's heartbeat to the coordinator (Replaced when the round went to another)."""
-        now = time.time()
-        if now - self.last_beat >= BEAT_EVERY_S and self.eval_round is not None:
-            self.last_beat = now
-            if self.client.call("beat", self.eval_round, category=None).status != "ok":
-                raise Replaced()
-
-    def correct(self) -> Optional[torch.Tensor]:
-        """LLCG: `corr_steps` whole-graph steps on the averaged model (loaded); None otherwise."""
+    # --- a trainer's part of the evaluation ------------------------------------------------------------
+    def correct(self, beat: Callable[[], None]) -> Optional[torch.Tensor]:
+        """LLCG: `corr_steps` whole-graph steps on the averaged model (loaded), beating now and
+        then; None otherwise."""
         p = self.cfg.pipeline
-        if p.variant != "llcg" or p.corr_steps <= 0:
+        if not self.corrects:
             return None
         if self.corrector is None:
             from .evaluation import Corrector
 
             self.corrector = Corrector(self.ctx.graph, self.cfg, self.in_dim, self.task, self.ctx.counter)
-        corrected = self.corrector.correct(self.flat(), p.corr_steps, self.beat)
-        self.load_flat(corrected)
+        corrected = self.corrector.correct(self.export_weights(), p.corr_steps, beat)
+        self.load_weights(corrected)
         return corrected
 
-    def eval_unit(self, r: int, phase: int, unit: int) -> Optional[dict]:
+    def eval_unit(self, r: int, phase: int, unit: int, still_mine: Callable[[], bool]) -> Optional[dict]:
         """One unit of round r's evaluation: a layer's rows ({}) or the scoring's metric sums;
-        None when the coordinator gave the unit to another trainer meanwhile."""
-        def still_mine() -> bool:
-            return self.client.call("beat", r, meta={"unit": unit}, category=None).status == "ok"
-
+        None when `still_mine()` says the coordinator gave the unit to another trainer meanwhile."""
         self.model.eval()
         try:
             if phase < self.evaluation.layers:
@@ -309,11 +328,11 @@ class TMAPipeline(Pipeline):
                 pass
         by_rank = {str(s["rank"]): s for s in ranks}
         return TMASummary(
-            rounds=self.rounds_total, trainers_alive=len(context["alive_ranks"]),
+            rounds=self.plan.rounds, trainers_alive=len(context["alive_ranks"]),
             trainers_alive_ranks=context["alive_ranks"], trainers_dead_ranks=context["dead_ranks"],
             drop_parts=list(p.drop_parts), kill_rank=p.kill_rank,
             kill_at_s=float(p.kill_at_s) if p.kill_rank is not None else None,
-            bandwidth=self.cfg.cluster.bandwidth, sync_every_s=self.sync_s, time_limit_s=self.limit_s,
+            bandwidth=self.cfg.cluster.bandwidth, sync_every_s=self.plan.sync_s, time_limit_s=self.plan.limit_s,
             weighting=p.weighting, corr_steps=p.corr_steps if p.variant == "llcg" else 0,
             partition_method=self.cfg.partition.method, label_tv_mean=label_tv,
             steps_per_trainer={k: s.get("steps", 0) for k, s in by_rank.items()},
