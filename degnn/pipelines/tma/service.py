@@ -1,6 +1,6 @@
 """The averaging service's messages: DGL RPC requests to graph server 0, where each is handed to
 the run's Coordinator (coordinator.py has the round they make up). The services are registered
-in every server and trainer (`pipeline.services` in degnn/conf/pipeline/tma.yaml,
+in every server and trainer (`pipeline.services` in conf/pipeline/tma.yaml,
 degnn.runtime.services); this module imports dgl and torch only.
 
 One dataclass per message, as LAMP's service does (degnn.runtime.services' MessageRequest: the
