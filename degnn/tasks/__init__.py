@@ -6,16 +6,32 @@ its batches' inputs and loss, its model (a GNN with a class head, or a GNN encod
 decoder), its evaluation (the evaluator's metric on validation and test) and what it adds to the
 run summary.
 
+A pipeline that trains on its machine's own nodes only, with batches it builds itself (LAMP),
+asks the task for its share of supervision ids there (`own_ids`), the targets it reads locally
+(`own_labels`), a batch's seeds and targets (`own_batch`), the part of the model that computes
+node representations layer by layer (`encoder`) and the loss from the seeds' top-layer rows
+(`seed_loss`).
+
 - `node.NodeTask`: node classification, accuracy (OGB's Evaluator for OGB data).
 - `link.LinkTask`: link prediction, MRR of each held-out edge against its fixed negatives.
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
 from degnn.runtime.device import to_device
+
+
+class OwnIds(NamedTuple):
+    """A trainer's supervision ids among its machine's own nodes (`Task.own_ids`)."""
+    # local ids of the machine's partition (DistGraph.local_partition), one supervision id per
+    # position of the last dimension: [n] training nodes, or [2, n] (src, dst) training edges
+    ids: torch.Tensor
+    # how many of the partition's supervision ids this trainer's share was taken from (the
+    # machine's candidates over its trainers), None when the task drops none
+    pool: Optional[float] = None
 
 
 class Task:
@@ -46,6 +62,11 @@ class Task:
 
     def local_loader(self, graph, ids: torch.Tensor, batch_size: int):
         raise NotImplementedError
+
+    def local_labels(self, graph) -> Optional[torch.Tensor]:
+        """The targets of a local graph's batches by node (the `label` argument of `inputs` and
+        `batch_loss`), as `local_ids` stored them; None when the batches hold their targets."""
+        return None
 
     def all_train_ids(self, g, counter, category: str) -> torch.Tensor:
         """Supervision ids of the whole DistGraph, read without a collective (LLCG's correction;
@@ -82,6 +103,36 @@ class Task:
         if device is not None:
             batch, x, y = to_device((batch, x, y), device)
         return self.loss(model, batch, x, y)
+
+    # --- batches of the machine's own nodes (LAMP) ----------------------------------------------
+    def own_ids(self, g, pb, trainer: int, trainers: int) -> OwnIds:
+        """This trainer's supervision ids among those whose nodes its machine owns, in the local
+        ids of the machine's partition (`trainer` of the machine's `trainers`); every position of
+        the last dimension is one id (a batch is a slice along it)."""
+        raise NotImplementedError
+
+    def own_labels(self, g, pb, own: torch.Tensor) -> Optional[torch.Tensor]:
+        """The targets of the machine's own nodes `own` (global ids, in local-id order), by local
+        id, read once at set-up: a batch's targets then need no DGL RPC. None: the task has none."""
+        return None
+
+    def own_batch(self, ids: torch.Tensor, owned: torch.Tensor,
+                  labels: Optional[torch.Tensor]) -> Tuple[torch.Tensor, object]:
+        """(seeds, target) of a batch of `own_ids` (`ids`, a slice): the unique local ids whose
+        top-layer rows the model computes, and what `seed_loss` compares those rows with.
+        `owned`: the local ids of every node the machine owns; `labels`: `own_labels`."""
+        raise NotImplementedError
+
+    def seed_loss(self, model, h: torch.Tensor, target) -> torch.Tensor:
+        """The loss of a batch from the top-layer rows `h` of its seeds (`own_batch`'s order).
+        Called inside the pipeline's DDP forward: every parameter it uses (a decoder) is then
+        one DDP knows was used."""
+        raise NotImplementedError
+
+    def encoder(self, model) -> torch.nn.Module:
+        """The part of `model` that computes node representations layer by layer (what LAMP's
+        owners replicate): the model itself, unless the task puts a head on top of it."""
+        return model
 
     def lookup_bytes(self, pb, batch) -> int:
         """Bytes of a DistGraph batch's lookups besides sampling and features (0 for nodes)."""

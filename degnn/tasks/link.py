@@ -32,7 +32,7 @@ from degnn.data.evaluate import mrr_evaluator, reciprocal_ranks
 from degnn.metrics import ID_BYTES
 from degnn.models import build_link_model
 from degnn.runtime.compat import DistEdgeDataLoader, NeighborSampler
-from degnn.tasks import Task
+from degnn.tasks import OwnIds, Task
 from degnn.tasks.evaluation import gather_to_rank0, remote_rows
 
 # negatives per training positive (the paper's Uniform(k=1); BCE's pos_weight = k / 1 = 1)
@@ -207,6 +207,41 @@ class LinkTask(Task):
         """The reciprocal ranks of share `share` of the held-out edges, summed."""
         rr = share_ranks(h, share_of(self.split, share, shares), self.pb, counter, model.decoder)
         return {key: [float(rr[part].sum()), len(rr[part])] for key, part in (("val", "valid"), ("test", "test"))}
+
+    def own_ids(self, g, pb, trainer: int, trainers: int) -> OwnIds:
+        """The training edges of this machine's partition whose two endpoints it owns (every
+        endpoint of a batch, negatives too, is then a node the machine owns), split among the
+        machine's trainers in contiguous shares: [2, n] (src, dst). An edge to a halo node (a cut
+        edge) carries messages but supervises no batch; `pool` says how many edges a share was
+        taken from."""
+        part = g.local_partition
+        indptr, indices, _ = part.adj_tensors("csc")
+        inner = part.ndata["inner_node"].bool()
+        dst = torch.repeat_interleave(torch.arange(len(indptr) - 1), indptr[1:] - indptr[:-1])
+        src = indices.long()
+        keep = inner[src] & inner[dst]
+        pairs = torch.stack([src[keep], dst[keep]])
+        n = pairs.shape[1]
+        return OwnIds(pairs[:, trainer * n // trainers:(trainer + 1) * n // trainers], len(src) / trainers)
+
+    def own_batch(self, ids, owned, labels):
+        """Seeds: the endpoints of the batch's edges (`ids`, [2, b]) and of their negatives
+        (NEG_PER_POS each: the same source, a uniform destination among `owned`), unique; target:
+        the positive and the negative pairs as positions among the seeds, ((src, dst), (src, dst))."""
+        b = ids.shape[1]
+        neg = owned[torch.randint(len(owned), (b * NEG_PER_POS,))]
+        seeds, at = torch.unique(torch.cat([ids[0], ids[1], neg]), return_inverse=True)
+        self.info["train_neg_per_pos"] = len(neg) / max(1, b)
+        return seeds, ((at[:b], at[b:2 * b]), (at[:b].repeat_interleave(NEG_PER_POS), at[2 * b:]))
+
+    def seed_loss(self, model, h, target) -> torch.Tensor:
+        """The decoder's logits of the target's positive and negative pairs of seeds, link_loss."""
+        (ps, pd), (ns, nd) = target
+        return link_loss(model.decoder(h[ps], h[pd]), model.decoder(h[ns], h[nd]))
+
+    def encoder(self, model) -> torch.nn.Module:
+        """The GNN under the decoder (models.LinkModel.encoder)."""
+        return model.encoder
 
     def inputs(self, batch, feat, label=None):
         """Batch (input_nodes, pos_graph, neg_graph, blocks): features only, the pairs are the targets."""

@@ -1,7 +1,7 @@
 """Node classification: supervision by the training nodes' labels, cross-entropy, accuracy."""
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import dgl
 import torch
@@ -12,7 +12,8 @@ from degnn.data.evaluate import accuracy_evaluator
 from degnn.metrics import ID_BYTES
 from degnn.models import build_model
 from degnn.runtime.compat import DistNodeDataLoader, NeighborSampler
-from degnn.tasks import Task
+from degnn.runtime.own_rows import own_rows
+from degnn.tasks import OwnIds, Task
 from degnn.tasks.evaluation import gather_to_rank0, remote_rows
 
 
@@ -97,6 +98,9 @@ class NodeTask(Task):
         return dgl.dataloading.DataLoader(graph, ids, NeighborSampler(list(self.cfg.model.fanouts)),
                                           batch_size=batch_size, shuffle=True, drop_last=False)
 
+    def local_labels(self, graph) -> torch.Tensor:
+        return graph.ndata["label"]
+
     def all_train_ids(self, g, counter, category: str) -> torch.Tensor:
         pb, n, ids = g.get_partition_book(), g.num_nodes(), []
         for start in range(0, n, 65536):
@@ -127,6 +131,26 @@ class NodeTask(Task):
 
     def loss(self, model, batch, x, y) -> torch.Tensor:
         return F.cross_entropy(model(batch[-1], x), y)
+
+    def own_ids(self, g, pb, trainer: int, trainers: int) -> OwnIds:
+        """The training nodes of DGL's split without force_even (which may hand out other
+        machines' nodes): this machine's own, shared among its trainers by DGL."""
+        nids = dgl.distributed.node_split(g.ndata["train_mask"], pb, force_even=False)
+        if len(nids) and not bool((pb.nid2partid(nids) == pb.partid).all()):
+            raise RuntimeError("node_split gave this trainer training nodes of another machine")
+        return OwnIds(pb.nid2localnid(nids, pb.partid).long())
+
+    def own_labels(self, g, pb, own: torch.Tensor) -> Optional[torch.Tensor]:
+        """The labels' own rows in the machine's shared memory (runtime/own_rows.py)."""
+        return own_rows(g.ndata["label"], pb, own)
+
+    def own_batch(self, ids, owned, labels):
+        """The batch's training nodes are its seeds; their labels the target."""
+        return ids, labels[ids].long()
+
+    def seed_loss(self, model, h, target) -> torch.Tensor:
+        """Cross-entropy of the seeds' logits against their labels."""
+        return F.cross_entropy(h, target)
 
     def build_model(self, in_dim: int) -> torch.nn.Module:
         return build_model(self.cfg.model, in_dim, self.num_classes)

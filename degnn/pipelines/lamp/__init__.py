@@ -10,13 +10,15 @@ computation graph it builds).
 One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
 
 1. Seeds from the trainer's own training nodes (link prediction: the endpoints of the batch's
-   supervision edges and of their negatives, all nodes the machine owns, pipeline._link_seeds;
-   the link model's decoder scores the pairs on the top layer). The locality-aware computation graph
-   (graph.py) is built on the trainer's own partition: own nodes are expanded through their
-   in-edges with the model's fan-outs; a sampled neighbour owned elsewhere (a halo node) is a
-   leaf. Leaves of block 0 read raw features (a replica of the halo nodes' features made once
-   at setup: input features never change), leaves of blocks 1..L-2 read the quantized
-   histories h^(k) (history.py, through the machine's own graph server: loopback, no wire).
+   supervision edges and of their negatives, all nodes the machine owns), as the task picks them
+   (Task.own_ids, Task.own_batch); the task's loss of the seeds' top-layer rows (Task.seed_loss:
+   cross-entropy, or the link model's decoder on the pairs) runs inside the DDP forward. The
+   locality-aware computation graph (graph.py) is built on the trainer's own partition: own
+   nodes are expanded through their in-edges with the model's fan-outs; a sampled neighbour
+   owned elsewhere (a halo node) is a leaf. Leaves of block 0 read raw features (a replica of
+   the halo nodes' features made once at setup: input features never change), leaves of blocks
+   1..L-2 read the quantized histories h^(k) (history.py, through the machine's own graph
+   server: loopback, no wire).
 2. The leaves of the top block (the seeds' remote neighbours) are *roots*: deduplicated and
    grouped by owner, one ask (compute.Roots) per owner machine, all in flight together: one
    round per batch (owners.Owners.ask). The owner (compute.Owner.answer) builds the same kind

@@ -6,10 +6,8 @@ import tempfile
 from collections import deque
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
-import dgl
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -17,7 +15,6 @@ from degnn.metrics import ring_allreduce_bytes, timed_allreduce_hook
 from degnn.pipelines.base import Pipeline
 from degnn.runtime.device import to_device
 from degnn.runtime.own_rows import own_rows
-from degnn.tasks.link import NEG_PER_POS, link_loss
 from degnn.pipelines.lamp.config import LAMPConfig
 from degnn.pipelines.lamp.compute import (GradRows, HaloFeatures, HistoryPull, HistoryRows, Roots, Weights, add_grads,
                                           halo_table)
@@ -44,24 +41,24 @@ ROOTS = ("owners", "histories")
 
 
 class LampNet(nn.Module):
-    """The GNN over a locality-aware computation graph: block k's sources are the previous
-    block's outputs followed by that block's leaf rows (constants). Link prediction (`gnn` a
-    models.LinkModel, `pairs` given): the decoder's logits of the positive and negative pairs,
-    (src, dst) positions among the top block's destinations each, inside the DDP forward."""
+    """The model over a locality-aware computation graph: block k's sources are the previous
+    block's outputs followed by that block's leaf rows (constants). Returns the top block's rows
+    (the seeds'), or with `loss` (the task's seed_loss) and a batch's target the batch's loss,
+    computed inside the DDP forward (a link model's decoder runs there)."""
 
-    def __init__(self, gnn):
+    def __init__(self, gnn, loss=None):
         super().__init__()
         self.gnn = gnn
+        self.loss = loss
 
-    def forward(self, blocks, x_inner: torch.Tensor, leaves: List[torch.Tensor], pairs=None):
+    def forward(self, blocks, x_inner: torch.Tensor, leaves: List[torch.Tensor], target=None):
         h, hidden = x_inner, []
         for k, block in enumerate(blocks):
             h = self.gnn.layer_forward(k, block, torch.cat([h, leaves[k]]))
             if k < len(blocks) - 1:
                 hidden.append(h.detach())
-        if pairs is not None:
-            (ps, pd), (ns, nd) = pairs
-            h = (self.gnn.decoder(h[ps], h[pd]), self.gnn.decoder(h[ns], h[nd]))
+        if self.loss is not None and target is not None:
+            h = self.loss(self.gnn, h, target)
         return h, hidden
 
 
@@ -127,7 +124,7 @@ class Batch(NamedTuple):
     top_rows: Optional[torch.Tensor]  # fusion=false: which answer each (repeated) top leaf takes
     x: torch.Tensor             # input features of the trainer's own nodes (local shared memory)
     x_leaves: torch.Tensor      # the halo leaves' input features (the setup replica)
-    pairs: Optional[tuple] = None  # link: ((src, dst) positive, (src, dst) negative) positions among the seeds
+    target: object = None       # what the task's loss compares the seeds' top rows with (Task.own_batch)
 
 
 class LAMPPipeline(Pipeline):
@@ -157,7 +154,6 @@ class LAMPPipeline(Pipeline):
         self.pb = self.ctx.graph.get_partition_book()
         self.me = self.pb.partid
         self.leader = self.ctx.local_rank == 0  # sets up this machine's owners, ships weights, syncs halos
-        self.link = self.task.name == "link"
         self._split_seeds()
         self._build_model()
         self._read_partition()
@@ -170,39 +166,19 @@ class LAMPPipeline(Pipeline):
 
     # --- setup ---------------------------------------------------------------------------------
     def _split_seeds(self) -> None:
-        """Seeds must be nodes this machine owns (force_even may hand out other machines' nodes);
-        every trainer then takes the same number of steps per epoch (DDP), the largest share's.
-        Link prediction: the supervision edges instead (`_split_edges`)."""
+        """The trainer's supervision ids among its machine's own nodes (the task's `own_ids`, in
+        the partition's local ids: a batch's seeds are then nodes the trainer computes, with their
+        remote neighbours prepared by their owners); every trainer then takes the same number of
+        steps per epoch (DDP), the largest share's. `kept`: the share and how many ids it was
+        taken from, where the task drops some (link prediction's cut edges: edges_kept_fraction)."""
         g = self.ctx.graph
-        if self.link:
-            self._split_edges()
-        else:
-            self.train_nids = dgl.distributed.node_split(g.ndata["train_mask"], self.pb, force_even=False)
-            if len(self.train_nids) and not bool((self.pb.nid2partid(self.train_nids) == self.me).all()):
-                raise RuntimeError("pipeline=lamp: node_split gave this trainer nodes of another machine")
-            self.num_train = len(self.train_nids)
+        own = self.task.own_ids(g, self.pb, self.ctx.local_rank, int(self.cfg.cluster.trainers_per_machine))
+        self.train_ids, self.num_train = own.ids, own.ids.shape[-1]
+        self.kept = None if own.pool is None else (self.num_train, own.pool)
+        self.owned = torch.nonzero(g.local_partition.ndata["inner_node"].bool()).flatten()  # local ids
         nb = torch.tensor([-(-self.num_train // self.cfg.train.batch_size)])
         dist.all_reduce(nb, op=dist.ReduceOp.MAX)
         self.num_batches = int(nb)
-
-    def _split_edges(self) -> None:
-        """Link prediction: the training edges of this machine's partition whose two endpoints it
-        owns (every endpoint of a batch, negatives too, is then a seed the trainer computes, with
-        its remote neighbours prepared by their owners), split among the machine's trainers in
-        contiguous shares. An edge to a halo node (a cut edge) carries messages but supervises no
-        batch; `edges_kept_fraction` says how many edges supervise."""
-        part = self.ctx.graph.local_partition
-        indptr, indices, _ = part.adj_tensors("csc")
-        inner = part.ndata["inner_node"].bool()
-        dst = torch.repeat_interleave(torch.arange(len(indptr) - 1), indptr[1:] - indptr[:-1])
-        src = indices.long()
-        keep = inner[src] & inner[dst]
-        pairs = torch.stack([src[keep], dst[keep]])
-        n, k, i = pairs.shape[1], int(self.cfg.cluster.trainers_per_machine), self.ctx.local_rank
-        self.train_pairs = pairs[:, i * n // k:(i + 1) * n // k]
-        self.num_train = self.train_pairs.shape[1]
-        self.inner_local = torch.nonzero(inner).flatten()  # the negatives' destinations
-        self.edge_stats = (self.num_train, len(src) / k)
 
     def _build_model(self) -> None:
         g = self.ctx.graph
@@ -210,9 +186,9 @@ class LAMPPipeline(Pipeline):
         self.task.prepare(self.ctx)
         self.out_dim = self.task.out_dims()[-1]
         self.build_model(self.in_dim)  # the same initial weights on every rank
-        # what the owners replicate (every layer but the top): the GNN, a link model's encoder
-        self.gnn = self.model.encoder if self.link else self.model
-        self.ddp = DistributedDataParallel(LampNet(self.model))
+        # what the owners replicate (every layer but the top): the task's encoder of the model
+        self.gnn = self.task.encoder(self.model)
+        self.ddp = DistributedDataParallel(LampNet(self.model, self.task.seed_loss))
         self.ddp.register_comm_hook(None, timed_allreduce_hook(self.timer))  # DDP's averaging, timed
         self.allreduce_bytes = ring_allreduce_bytes(self.param_bytes(), self.ctx.world_size)
         self.evaluator = self.task.evaluator(self.ctx, self.model)
@@ -228,7 +204,7 @@ class LAMPPipeline(Pipeline):
             raise RuntimeError("pipeline=lamp: this machine's partition graph and its KVStore order "
                                "the machine's nodes differently (or there is no local graph server)")
         # labels by local id too: no DGL RPC may run while LAMP answers are in flight (service.receive)
-        self.local_label = None if self.link else own_rows(g.ndata["label"], self.pb, own)
+        self.local_label = self.task.own_labels(g, self.pb, own)
         self.halo = HaloSync(self.lg, self.pb, self.tables, int(cfg.train.seed) + self.ctx.rank, cfg.pipeline.sync_budget,
                              int(cfg.pipeline.weight_sync_steps) + self.prefetch)
         self.halo_x = self._copy_halo(g.ndata["feat"])
@@ -323,25 +299,13 @@ class LAMPPipeline(Pipeline):
         self.weights_version = self.step_no
 
     # --- one batch ------------------------------------------------------------------------
-    def _link_seeds(self, pos: torch.Tensor):
-        """Link prediction: a batch's seeds (unique local ids) from its positive edges ([2, b]
-        local ids) and the task's negatives (tasks.link.NEG_PER_POS each: the same source, a
-        uniform destination among this machine's own nodes), and the pairs as positions among
-        those seeds."""
-        b = pos.shape[1]
-        neg = self.inner_local[torch.randint(len(self.inner_local), (b * NEG_PER_POS,))]
-        seeds, at = torch.unique(torch.cat([pos[0], pos[1], neg]), return_inverse=True)
-        self.task.info["train_neg_per_pos"] = len(neg) / max(1, b)
-        return seeds, ((at[:b], at[b:2 * b]), (at[:b].repeat_interleave(NEG_PER_POS), at[2 * b:]))
-
     def _issue(self, item: torch.Tensor) -> Batch:
         """Build the batch's computation graph and send its asks (LAMP to the owners, the history
-        rows of the middle blocks to this machine's owner); nothing is waited for. `item`: the
-        batch's seeds (global ids), or its positive edges with link prediction (`_link_seeds`)."""
-        if self.link:
-            seeds, pairs = self._link_seeds(item)
-        else:
-            seeds, pairs = self.pb.nid2localnid(item, self.me).long(), None
+        rows of the middle blocks to this machine's owner); nothing is waited for. `item`: a slice
+        of the trainer's supervision ids (local ids), whose seeds and target the task picks
+        (`own_batch`: the training nodes and their labels, or the endpoints of the edges and of
+        their negatives, and the pairs)."""
+        seeds, target = self.task.own_batch(item, self.owned, self.local_label)
         lg, L = self.lg, self.L
         # the top block first: its leaves (the seeds' remote neighbours) go to their owners at
         # once, and the owners prepare them while this trainer builds the rest of its graph
@@ -377,7 +341,7 @@ class LAMPPipeline(Pipeline):
         self.stats["cg_nodes"] += cg.num_nodes
         # the local gathers here, not in _complete: owner_wait then measures only the owners
         x = self.local_feat[cg.inner_src[0]].float()
-        return Batch(item, cg, top_gid, masks, ticket, top_rows, x, self.halo_x[cg.leaves[0]], pairs)
+        return Batch(seeds, cg, top_gid, masks, ticket, top_rows, x, self.halo_x[cg.leaves[0]], target)
 
     def _complete(self, b: Batch):
         """Wait for the batch's answers; returns (cg, input features, leaf rows per block, top rows)."""
@@ -434,26 +398,20 @@ class LAMPPipeline(Pipeline):
         self.step_no = self.batches
         self._ship_weights(wait=True)  # (after a resume the owners hold the initial weights)
         self.ddp.train()
-        if self.link:
-            order = self.train_pairs[:, torch.randperm(self.num_train)]
-            seeds_of = list(torch.tensor_split(order, self.num_batches, dim=1))
-        else:
-            order = self.train_nids[torch.randperm(self.num_train)]
-            seeds_of = list(torch.tensor_split(order, self.num_batches))
+        order = self.train_ids[..., torch.randperm(self.num_train)]
+        seeds_of = list(torch.tensor_split(order, self.num_batches, dim=-1))
         yield from pipelined(seeds_of, self.prefetch, self._issue, self._complete, self.timer)
 
     def step(self, batch) -> float:
         """One step through DDP on a completed batch, then its history pushes (and grad=push:
         the gradient rows of the owners' answers back to them)."""
         b, (cg, x, leaves, top_h) = batch
-        y = None if self.link else self.local_label[self.pb.nid2localnid(b.seeds, self.me).long()].long()
         # the trainer's forward on train.device; owners, histories and their messages stay on the
         # CPU (a leaf moved to the device still passes its gradient back to top_h)
-        blocks, x, leaves, y, pairs = to_device((cg.blocks, x, leaves, y, b.pairs), self.device)
+        blocks, x, leaves, target = to_device((cg.blocks, x, leaves, b.target), self.device)
         with self.timer("compute"):
-            out, hidden = self.ddp(blocks, x, leaves, pairs)
-            # the task's loss: the decoder's pairs (link_loss, as every pipeline) or the seeds' classes
-            loss = link_loss(*out) if self.link else F.cross_entropy(out, y)
+            # the task's loss of the seeds' top rows (Task.seed_loss), inside the DDP forward
+            loss, hidden = self.ddp(blocks, x, leaves, target)
         hidden = [h.cpu() for h in hidden]
         # the owners' gradients join this step's all-reduce (DDP sums into .grad); DDP all-reduces
         # the gradients of the trainer's own sub-graph
@@ -545,7 +503,7 @@ class LAMPPipeline(Pipeline):
     def rank_stats(self) -> dict:
         return {"ages": self.ages, "stats": {**self.stats, "rounds": self.owners.rounds, "sync_rows": self.halo.rows},
                 "local": self.owners.local_bytes, "fusion": self.fusion,
-                "edges": getattr(self, "edge_stats", None)}
+                "edges": self.kept}
 
     def summary_extra(self, ranks: List[dict], context: dict) -> LAMPSummary:
         return lamp_summary(ranks, self.cfg.pipeline, bits=self.bits)

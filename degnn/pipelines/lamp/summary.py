@@ -82,6 +82,6 @@ def lamp_summary(ranks: List[dict], p, bits: int) -> LAMPSummary:
             "trainer_cg_nodes_per_batch": stat["cg_nodes"] / batches,
             "local_bytes_by_category": local,
             # link prediction: the share of the partitions' edges that supervise (both endpoints
-            # owned by the machine, pipeline._split_edges)
+            # owned by the machine, LinkTask.own_ids)
             "edges_kept_fraction": (sum(r["edges"][0] for r in ranks) / max(1.0, sum(r["edges"][1] for r in ranks))
                                     if ranks[0].get("edges") else None)})

@@ -169,7 +169,7 @@ class TMAPipeline(Pipeline):
         n_train = len(self.local.train_ids)  # train nodes, or (link task) local edges
         self.steps_per_epoch = max(1, -(-n_train // cfg.train.batch_size))
         self.loader = task.local_loader(self.local.graph, self.local.train_ids, cfg.train.batch_size) if n_train else None
-        self.label = self.local.graph.ndata.get("label")
+        self.label = task.local_labels(self.local.graph)  # the batches' targets by local node (or None)
         self.weight = 1.0 if p.weighting == "uniform" else float(n_train)
         self.train_s = 0.0  # this trainer's own time in local training steps
         self._batches = None  # the endless iterator over local mini-batches (first train_for)
