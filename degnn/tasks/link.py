@@ -32,7 +32,7 @@ from degnn.data.evaluate import mrr_evaluator, reciprocal_ranks
 from degnn.metrics import ID_BYTES
 from degnn.models import build_link_model
 from degnn.runtime.compat import DistEdgeDataLoader, NeighborSampler
-from degnn.tasks import OwnIds, Task
+from degnn.tasks.base import OwnIds, Task
 from degnn.tasks.evaluation import gather_to_rank0, remote_rows
 
 # negatives per training positive (the paper's Uniform(k=1); BCE's pos_weight = k / 1 = 1)
