@@ -60,21 +60,11 @@ def prefetch_pairs(runs: List[dict]) -> List[str]:
     sampling only, sampling and pull, or the first epoch's choice) against prefetch=0 of the same
     suite family for each dataset, layer count and bandwidth, the repeats of both orders pooled
     (epoch times of all runs of a side: median and min-max)."""
-    by_key: Dict[tuple, Dict[str, List[dict]]] = {}
-    for s in runs:
-        family = s["_rel"].split("-")[0]
-        if s.get("status") != "ok" or s.get("pipeline") != "distdgl" or family not in FAMILIES:
-            continue
-        key = (s["dataset"], s.get("layers") or 0, bandwidth(s) or "unlimited", family)
-        loop = loader(s) if int(s.get("prefetch") or 0) == 1 else "sync" if not s.get("prefetch") else None
-        if loop:
-            by_key.setdefault(key, {}).setdefault(loop, []).append(s)
     rows = []
-    for (ds, layers, bw, _), sides in sorted(by_key.items()):
-        for name in sorted(set(sides) - {"sync"}, reverse=True):
-            row = _prefetch_row(ds, layers, bw, name, sides[name], sides.get("sync", []))
-            if row:
-                rows.append(row)
+    for ds, layers, bw, name, on, off in prefetch_sides(runs):
+        row = _prefetch_row(ds, layers, bw, name, on, off)
+        if row:
+            rows.append(row)
     if not rows:
         return []
     return ["## distdgl: prefetch against the synchronous loop", "",
@@ -102,17 +92,41 @@ def prefetch_pairs(runs: List[dict]) -> List[str]:
 FAMILIES = ("prefetch", "auto")  # bench=parity's suites of prefetch against the synchronous loop
 
 
+def prefetch_sides(runs: List[dict]) -> List[tuple]:
+    """(dataset, layers, bandwidth, loader, prefetch 1 runs, prefetch 0 runs) for each loader of
+    bench=parity's prefetch-* and auto-* suites against the synchronous runs of the same suite
+    family, dataset, layers and bandwidth, in the prefetch table's order."""
+    by_key: Dict[tuple, Dict[str, List[dict]]] = {}
+    for s in runs:
+        family = s["_rel"].split("-")[0]
+        if s.get("status") != "ok" or s.get("pipeline") != "distdgl" or family not in FAMILIES:
+            continue
+        key = (s["dataset"], s.get("layers") or 0, bandwidth(s) or "unlimited", family)
+        loop = loader(s) if int(s.get("prefetch") or 0) == 1 else "sync" if not s.get("prefetch") else None
+        if loop:
+            by_key.setdefault(key, {}).setdefault(loop, []).append(s)
+    return [(ds, layers, bw, name, sides[name], sides.get("sync", []))
+            for (ds, layers, bw, _), sides in sorted(by_key.items())
+            for name in sorted(set(sides) - {"sync"}, reverse=True)]
+
+
+def pooled_epochs(group: List[dict]) -> List[float]:
+    """Every epoch time of every run of a side, sorted (the prefetch table's min, median and max)."""
+    return sorted(t for s in group for t in (s.get("epoch_times_s") or []))
+
+
+def mean_of(group: List[dict], key: str) -> Optional[float]:
+    vals = [s[key] for s in group if s.get(key) is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
 def _prefetch_row(ds, layers, bw, name: str, on: List[dict], off: List[dict]) -> Optional[str]:
     if not on or not off:
         return None
-    times = [sorted(t for s in g for t in (s.get("epoch_times_s") or [])) for g in (on, off)]
+    times = [pooled_epochs(g) for g in (on, off)]
     if not times[0] or not times[1]:
         return None
     t1, t0 = (median(t) for t in times)
-
-    def mean_of(group, key):
-        vals = [s[key] for s in group if s.get(key) is not None]
-        return sum(vals) / len(vals) if vals else None
 
     def wait(group):
         per = [s.get("time_per_batch_s") or {} for s in group]
