@@ -15,9 +15,12 @@ One file per part:
   and the cell formats `fmt`, `kb`, `mb`
 - overview.py: the table of every run; accuracy against one process, bytes as layers grow
 - distdgl.py: bench=parity (distdgl beside plain DGL, prefetch against the synchronous loop)
-- link.py: bench=link (the TMA paper's Table 1); tma.py: bench=tma
+- link.py: bench=link (the TMA paper's Table 1); tma.py: bench=tma (each method's time to the
+  target over repeats; every run's row in a section of its own)
 - lamp.py: bench=lamp (lamp beside distdgl, its ablations); owners.py: what the owners add
 - breakdown.py: where a batch's time goes
+- headline.py: the one short table RESULTS.md opens with (each comparison against distdgl, from
+  the helpers of the sections above)
 - plots.py: every figure, in one colour per method; mpl.py: matplotlib where it is installed
 - benchmarks.scale, benchmarks.projection, benchmarks.compute_speed and benchmarks.link_probe:
   the growth, projection, GPU compute-speed and netns link-efficiency sections
@@ -41,11 +44,11 @@ from .mpl import plot_note
 from .plots import plot_breakdown, plot_bytes, plot_curves, plot_lamp_bytes, plot_scale
 from .runs import label, median_epoch_s
 from .summaries import collect, label_tv, write_csv
-from .tma import tma_section
+from .tma import tma_runs_section, tma_section
 
 __all__ = ["best_baseline", "breakdown_section", "collect", "comparisons", "label", "label_tv", "lamp_ablations",
            "lamp_section", "link_section", "median_epoch_s", "owners_section", "parity", "plot_note",
-           "prefetch_pairs", "sections", "table", "tables", "tma_section", "write_report"]
+           "prefetch_pairs", "sections", "table", "tables", "tma_runs_section", "tma_section", "write_report"]
 
 
 def _figure(heading: Optional[str], alt: str, png: Optional[Path]) -> List[str]:
@@ -62,6 +65,7 @@ def sections(runs: List[dict], out: Optional[Path] = None) -> List[Tuple[str, Li
     here = out or Path(".")
     parts = [("comparisons", comparisons(runs)), ("parity", parity(runs)), ("prefetch", prefetch_pairs(runs)),
              ("link", link_section(runs)), ("tma", tma_section(runs, here, plots=out is not None)),
+             ("tma_runs", tma_runs_section(runs)),
              ("lamp", lamp_section(runs)), ("lamp_ablations", lamp_ablations(runs)),
              ("owners", owners_section(runs))]
     if out is not None:
