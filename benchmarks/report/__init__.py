@@ -35,7 +35,7 @@ from ..link_probe import Efficiencies, network_section
 from ..projection import projection_section
 from ..scale import scale_section
 from .breakdown import breakdown_section
-from .distdgl import parity, prefetch_pairs
+from .distdgl import PREFETCH_HEADING, parity, prefetch_pairs
 from .lamp import best_baseline, lamp_ablations, lamp_section
 from .link import link_section
 from .overview import comparisons, table
@@ -63,11 +63,18 @@ def sections(runs: List[dict], out: Optional[Path] = None) -> List[Tuple[str, Li
     of its kind). `out`: the results folder the plots go into, each where it stands between the
     tables; None: the tables alone (benchmarks.results_md)."""
     here = out or Path(".")
-    parts = [("comparisons", comparisons(runs)), ("parity", parity(runs)), ("prefetch", prefetch_pairs(runs)),
-             ("link", link_section(runs)), ("tma", tma_section(runs, here, plots=out is not None)),
-             ("tma_runs", tma_runs_section(runs)),
-             ("lamp", lamp_section(runs)), ("lamp_ablations", lamp_ablations(runs)),
-             ("owners", owners_section(runs))]
+    # without a results folder (benchmarks.results_md) the LAMP and prefetch tables come narrow,
+    # every column of them in sections of their own (DETAILS.md); the report has every column once
+    narrow = out is None
+    parts = [("comparisons", comparisons(runs)), ("parity", parity(runs)),
+             ("prefetch", prefetch_pairs(runs, narrow=narrow))]
+    if narrow:
+        parts.append(("prefetch_columns", prefetch_pairs(runs, heading=f"{PREFETCH_HEADING}: every column")))
+    parts += [("link", link_section(runs)), ("tma", tma_section(runs, here, plots=out is not None)),
+              ("tma_runs", tma_runs_section(runs)), ("lamp", lamp_section(runs, narrow=narrow))]
+    if narrow:
+        parts.append(("lamp_columns", lamp_section(runs, heading="LAMP against DistDGL: every column", growth=False)))
+    parts += [("lamp_ablations", lamp_ablations(runs)), ("owners", owners_section(runs))]
     if out is not None:
         figures = _figure("Validation metric against training time", "curves", plot_curves(runs, out / "curves.png"))
         figures += _figure("Bytes per batch", "bytes", plot_bytes(runs, out / "bytes_per_batch.png"))

@@ -124,14 +124,16 @@ def lamp_target(pair: LampPair) -> Optional[LampTarget]:
     return LampTarget(target, source, dist, bool(stopped_at or conv or patience))
 
 
-def lamp_section(runs: List[dict]) -> List[str]:
+def lamp_section(runs: List[dict], narrow: bool = False, heading: str = "LAMP against DistDGL",
+                 growth: bool = True) -> List[str]:
     """bench=lamp: each lamp setting beside the distdgl runs of the same group, dataset and layers
-    (every repeat of either: medians, with the min–max where they differ); bytes per batch against
-    layers for both pipelines."""
+    (every repeat of either: medians, with the min–max where they differ), and their time to a
+    target; `growth`: bytes per batch against layers for both pipelines. `narrow`: the comparison's
+    columns only (RESULTS.md; every column: DETAILS.md and the report)."""
     pairs = lamp_pairs(runs)
     if not pairs:
         return []
-    rows = []
+    rows, short = [], []
     for pair in pairs:
         key, lamp, dist, which = pair.key, pair.lamp, pair.dist, pair.which
         s = lamp[0]
@@ -148,19 +150,33 @@ def lamp_section(runs: List[dict]) -> List[str]:
             f"{fmt(med(lamp, lambda r: r.get('history_age_mean')), '.1f')} / {max(ages) if ages else '–'} | "
             f"{fmt(med(lamp, lambda r: r.get('roots_per_batch')), '.0f')} | {ratio_cell(td, t, bold=False)} | "
             f"{paired_cell(paired(dist, lamp, median_epoch_s))} | {len(dist)}{which} / {len(lamp)} |")
-    out = ["## LAMP against DistDGL", "",
-           "Each lamp setting beside the distdgl runs of the same suite group, dataset and layers (same "
-           "partitions, seeds, batch size and epochs). Bytes are on the wire per trainer and batch "
-           "(netns veth counters), in all and beyond the gradient all-reduce; epoch time is a run's median "
-           "epoch; test at the best validation point. Where distdgl ran both synchronous and with its "
-           "prefetching loader, the faster of the two is the baseline (the runs column names it). Over repeats: the median, with the min–max in "
-           "brackets where the repeats differ; a ratio of medians whose two ranges overlap says so. Within a repeat the two "
-           "ran back to back: the ratio per repeat gives the median, min–max and spread of those ratios.", "",
-           "| group | dataset | layers | bits | epochs | net KB/batch (distdgl / lamp) | distdgl / lamp | "
-           "beyond all-reduce KB (distdgl / lamp) | epoch s (distdgl / lamp) | test (distdgl / lamp) | "
-           "difference (points) | history age mean / max | roots/batch | epoch time distdgl / lamp | "
-           "ratio per repeat | runs (distdgl / lamp) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+        short.append(
+            f"| {key[0]} | {key[1]} | {key[2]} / {s.get('bits')} | {kb(nd)} / {kb(n)} | "
+            f"**{bytes_ratio(pair) or float('nan'):.1f}x** | {cell(td)} / {cell(t)} | "
+            f"{paired_cell(paired(dist, lamp, median_epoch_s))} | {fmt(test_points(pair), '+.2f')} | "
+            f"{len(dist)}{which} / {len(lamp)} |")
+    intro = ("Each lamp setting beside the distdgl runs of the same suite group, dataset and layers (same "
+             "partitions, seeds, batch size and epochs). Bytes are on the wire per trainer and batch "
+             "(netns veth counters)" + ("" if narrow else ", in all and beyond the gradient all-reduce") +
+             "; epoch time is a run's median "
+             "epoch; test at the best validation point. Where distdgl ran both synchronous and with its "
+             "prefetching loader, the faster of the two is the baseline (the runs column names it). Over repeats: the median, with the min–max in "
+             "brackets where the repeats differ" + ("" if narrow else "; a ratio of medians whose two ranges overlap says so") +
+             ". Within a repeat the two "
+             "ran back to back: the ratio per repeat gives the median, min–max and spread of those ratios.")
+    if narrow:
+        out = [f"## {heading}", "", intro + " Every column (bytes beyond the all-reduce, history age, roots "
+               "per batch, the ratio of the medians): DETAILS.md.", "",
+               "| group | dataset | layers / bits | net KB/batch (distdgl / lamp) | distdgl / lamp | "
+               "epoch s (distdgl / lamp) | ratio per repeat | test difference (points) | runs (distdgl / lamp) |",
+               "|---|---|---|---|---|---|---|---|---|", *short, ""]
+    else:
+        out = [f"## {heading}", "", intro, "",
+               "| group | dataset | layers | bits | epochs | net KB/batch (distdgl / lamp) | distdgl / lamp | "
+               "beyond all-reduce KB (distdgl / lamp) | epoch s (distdgl / lamp) | test (distdgl / lamp) | "
+               "difference (points) | history age mean / max | roots/batch | epoch time distdgl / lamp | "
+               "ratio per repeat | runs (distdgl / lamp) |",
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
     reach = []
     for pair in pairs:
         key, lamp, goal = pair.key, pair.lamp, lamp_target(pair)
@@ -169,29 +185,40 @@ def lamp_section(runs: List[dict]) -> List[str]:
         cols = []
         for clock in (time_to_target, time_from_launch):
             td, tl = spread(clock(d, goal.value) for d in goal.dist), spread(clock(s, goal.value) for s in lamp)
-            cols += [cell(td, ".1f"), cell(tl, ".1f"), ratio_cell(td, tl)]
+            cols += ([f"{cell(td, '.1f')} / {cell(tl, '.1f')}", ratio_cell(td, tl)] if narrow
+                     else [cell(td, ".1f"), cell(tl, ".1f"), ratio_cell(td, tl)])
+        if narrow:  # from launch within each repeat (the headline table's number)
+            cols.append(paired_cell(paired(goal.dist, lamp, lambda r: time_from_launch(r, goal.value))))
         reached = sum(time_to_target(s, goal.value) is not None for s in lamp)
-        reach.append(f"| {key[0]} | {key[1]} | {key[2]} | {lamp[0].get('bits')} | {goal.value:.4f} ({goal.source}) | "
+        setting = (f"{key[2]} / {lamp[0].get('bits')}" if narrow else f"{key[2]} | {lamp[0].get('bits')}")
+        reach.append(f"| {key[0]} | {key[1]} | {setting} | {goal.value:.4f} ({goal.source}) | "
                      + " | ".join(cols) + f" | {reached} / {len(lamp)} |")
     if reach:
         out += ["Time (s) to distdgl's best validation accuracy minus one point (the median of its "
                 "repeats' best; of its own converged run, trained until validation stopped improving, "
                 "where the bench has one): training time (evaluation excluded), and from launch (the run's set-up "
                 "added: docs/benchmarks.md, \"Time from launch\"); median (min–max) over the repeats "
-                "that reached it.", "",
-                "| group | dataset | layers | bits | target | distdgl | lamp | distdgl / lamp | "
-                "distdgl from launch | lamp from launch | distdgl / lamp from launch | lamp runs reaching it |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|", *reach, ""]
+                "that reached it" + ("; from launch also within each repeat that both reached: the ratios' "
+                                     "median, min–max and spread" if narrow else "") + ".", "",
+                *(["| group | dataset | layers / bits | target | s (distdgl / lamp) | distdgl / lamp | "
+                   "from launch s (distdgl / lamp) | distdgl / lamp from launch | from launch, ratio per repeat | "
+                   "lamp runs reaching it |",
+                   "|---|---|---|---|---|---|---|---|---|---|"] if narrow else
+                  ["| group | dataset | layers | bits | target | distdgl | lamp | distdgl / lamp | "
+                   "distdgl from launch | lamp from launch | distdgl / lamp from launch | lamp runs reaching it |",
+                   "|---|---|---|---|---|---|---|---|---|---|---|---|"]), *reach, ""]
+    if not growth:
+        return out
     ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("lamp", "distdgl") and not ablated(s)]
-    growth = []
+    grow_rows = []
     for (pipe, ds), pts in sorted(_bytes_vs_layers(ok).items()):
         if len(pts) >= 2:
             (l0, b0), (l1, b1) = pts[0], pts[-1]
-            growth.append(f"| {pipe} | {ds} | {l0} -> {l1} | {kb(b0)} | {kb(b1)} | {b1 / b0:.2f}x |")
-    if growth:
+            grow_rows.append(f"| {pipe} | {ds} | {l0} -> {l1} | {kb(b0)} | {kb(b1)} | {b1 / b0:.2f}x |")
+    if grow_rows:
         out += ["Wire bytes per batch beyond the all-reduce as layers grow (8-bit lamp):", "",
                 "| pipeline | dataset | layers | KB/batch before | KB/batch after | growth |",
-                "|---|---|---|---|---|---|", *growth, ""]
+                "|---|---|---|---|---|---|", *grow_rows, ""]
     return out
 
 
