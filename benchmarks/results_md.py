@@ -30,8 +30,8 @@ RESULTS = CHECKOUT / "benchmarks" / "RESULTS.md"
 DETAILS_NAME = "DETAILS.md"  # beside RESULTS.md
 # the report's sections that go to DETAILS.md: the wide per-run tables (bench=projection keeps its
 # projection, the subject of that bench); RESULTS.md keeps the narrow per-setting comparisons
-DETAIL_SECTIONS = ("prefetch_columns", "link", "tma_runs", "lamp_columns", "lamp_ablations", "breakdown", "scale",
-                   "projection")
+DETAIL_SECTIONS = ("prefetch_columns", "link", "tma_runs", "lamp_columns", "lamp_ablations", "owners_columns",
+                   "breakdown", "scale", "projection")
 AGREEMENT = "Agreement of repeats"  # repeat_spread's heading, a DETAILS.md section too
 
 

@@ -39,7 +39,7 @@ from .distdgl import PREFETCH_HEADING, parity, prefetch_pairs
 from .lamp import best_baseline, lamp_ablations, lamp_section
 from .link import link_section
 from .overview import comparisons, table
-from .owners import owners_section
+from .owners import OWNERS_HEADING, owners_section
 from .mpl import plot_note
 from .plots import plot_breakdown, plot_bytes, plot_curves, plot_lamp_bytes, plot_scale
 from .runs import label, median_epoch_s
@@ -74,7 +74,10 @@ def sections(runs: List[dict], out: Optional[Path] = None) -> List[Tuple[str, Li
               ("tma_runs", tma_runs_section(runs)), ("lamp", lamp_section(runs, narrow=narrow))]
     if narrow:
         parts.append(("lamp_columns", lamp_section(runs, heading="LAMP against DistDGL: every column", growth=False)))
-    parts += [("lamp_ablations", lamp_ablations(runs)), ("owners", owners_section(runs))]
+    parts += [("lamp_ablations", lamp_ablations(runs)), ("owners", owners_section(runs, narrow=narrow))]
+    if narrow:
+        parts.append(("owners_columns", owners_section(runs, heading=f"{OWNERS_HEADING}: every column",
+                                                       shares_table=False)))
     if out is not None:
         figures = _figure("Validation metric against training time", "curves", plot_curves(runs, out / "curves.png"))
         figures += _figure("Bytes per batch", "bytes", plot_bytes(runs, out / "bytes_per_batch.png"))
