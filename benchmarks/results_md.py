@@ -8,9 +8,10 @@ records: a sentence saying which runs, commits, dates, repeats and per-machine C
 tables come from, one line linking to its tables in DETAILS.md, and the report's narrow
 per-setting comparison tables (benchmarks.report.sections) over those runs; and a list of the
 benches without current records, with the command that makes them. The wide per-run tables
-(DETAIL_SECTIONS: every TMA run, the link table, the LAMP ablations, the size ladder, where each
-run's batch time goes, the projection's check and grids except in bench=projection, whose subject
-they are, and how the repeats agree) go to DETAILS.md beside it, one section per bench. Nothing in
+(DETAIL_SECTIONS: every column of the LAMP, prefetch and owners tables, every TMA run, the link
+table, the LAMP ablations, the size ladder, where each run's batch time goes, the projection's
+check and grids except in bench=projection, whose subject they are, and how the repeats agree) go
+to DETAILS.md beside it, one section per bench. Nothing in
 either is typed by hand and nothing depends on the machine it is generated on: tests/test_results_md.py checks that the
 committed files are what this writes from the committed records.
 """
@@ -204,9 +205,10 @@ def all_parts(records: List[dict]) -> Dict[str, tuple]:
 def details_lines(records: List[dict], parts: Optional[Dict[str, tuple]] = None) -> List[str]:
     lines = ["# Benchmark details", "",
              "Generated with [RESULTS.md](RESULTS.md) by `python -m benchmarks.results_md`, from the same "
-             "current records: each bench's wide per-run tables that RESULTS.md leaves out to stay short "
-             "(every TMA run, the link table, the LAMP ablations, the size ladder, where each run's "
-             "batch time goes, the projection's check and grids, the agreement of repeats). "
+             "current records: each bench's wide tables that RESULTS.md leaves out to stay short "
+             "(every column of the LAMP, prefetch and owners tables, every TMA run, the link table, the "
+             "LAMP ablations, the size ladder, where each run's batch time goes, the projection's check "
+             "and grids, the agreement of repeats). "
              "Do not edit by hand.", ""]
     by = _by_bench(records)
     parts = parts if parts is not None else all_parts(records)

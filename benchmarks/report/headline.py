@@ -16,8 +16,8 @@ with the test metric's difference, every number taken from the section that hold
 
 Every ratio is distdgl's over this row's (above 1: this row moves fewer bytes or is faster): the
 median of the ratios within each repeat (the two sides ran back to back: spread.paired_ratios, the
-LAMP and prefetch tables' "ratio per repeat") with their min–max; with fewer than two repeats that
-have both sides, the ratio of the section's medians. The prefetch table gives the inverse
+sections' "ratio per repeat" and "per repeat" columns) with their min–max; with fewer than two
+repeats that have both sides, the ratio of the section's medians. The prefetch table gives the inverse
 (prefetch 1 over prefetch 0).
 """
 from __future__ import annotations
