@@ -86,7 +86,8 @@ def lamp_rows(bench: str, runs: List[dict]) -> List[Row]:
         launch = "–"
         if goal is not None and goal.set_by_bench:
             clock = lambda r: time_from_launch(r, goal.value)  # noqa: E731
-            launch = ratio(_of_medians(goal.dist, lamp, clock), paired_ratios(goal.dist, lamp, clock), missing=NOT_REACHED)
+            launch = ratio(_of_medians(goal.dist, lamp, clock), paired_ratios(goal.dist, lamp, clock),
+                           missing=NOT_REACHED)
         bits = lamp[0].get("bits")
         rows.append(Row(
             bench, "lamp" + (f" {bits}-bit" if bits else ""), _setting(key[1], key[2], key[3]),
