@@ -1,20 +1,25 @@
 """benchmarks/RESULTS.md and benchmarks/DETAILS.md from the committed run records alone
 (benchmarks.records).
 
-`python -m benchmarks.results_md [--records DIR] [--out FILE]` writes to RESULTS.md one section
-per bench with current records: a sentence saying which runs, commits, dates, repeats and
-per-machine CPU budget its tables come from, then the report's comparison tables
-(benchmarks.report.sections) over those runs and how its repeats agree; and a list of the benches
-without current records, with the command that makes them. The long per-run parts (where each
-run's batch time goes, the projection's check and grids, except in bench=projection, whose subject
-they are) go to DETAILS.md beside it, one section per bench. Nothing in either is typed by hand
-and nothing depends on the machine it is generated on: tests/test_results_md.py checks that the
+`python -m benchmarks.results_md [--records DIR] [--out FILE]` writes RESULTS.md: after its
+header, the headline table (benchmarks.report.headline: one row per comparison against distdgl,
+each linking to the section that holds its detail), then one section per bench with current
+records: a sentence saying which runs, commits, dates, repeats and per-machine CPU budget its
+tables come from, one line linking to its tables in DETAILS.md, and the report's narrow
+per-setting comparison tables (benchmarks.report.sections) over those runs; and a list of the
+benches without current records, with the command that makes them. The wide per-run tables
+(DETAIL_SECTIONS: every column of the LAMP, prefetch and owners tables, every TMA run, the link
+table, the LAMP ablations, the size ladder, where each run's batch time goes, the projection's
+check and grids except in bench=projection, whose subject they are, and how the repeats agree) go
+to DETAILS.md beside it, one section per bench. Nothing in
+either is typed by hand and nothing depends on the machine it is generated on: tests/test_results_md.py checks that the
 committed files are what this writes from the committed records.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import unicodedata
 from collections import defaultdict
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -24,8 +29,11 @@ from .records import RECORDS_DIR, as_run, current, loader_label, read_records
 
 RESULTS = CHECKOUT / "benchmarks" / "RESULTS.md"
 DETAILS_NAME = "DETAILS.md"  # beside RESULTS.md
-# the report's sections that go to DETAILS.md (bench=projection keeps its projection)
-DETAIL_SECTIONS = ("breakdown", "projection")
+# the report's sections that go to DETAILS.md: the wide per-run tables (bench=projection keeps its
+# projection, the subject of that bench); RESULTS.md keeps the narrow per-setting comparisons
+DETAIL_SECTIONS = ("prefetch_columns", "link", "tma_runs", "lamp_columns", "lamp_ablations", "owners_columns",
+                   "breakdown", "scale", "projection")
+AGREEMENT = "Agreement of repeats"  # repeat_spread's heading, a DETAILS.md section too
 
 
 def bench_names() -> List[str]:
@@ -109,7 +117,7 @@ def repeat_spread(records: List[dict]) -> List[str]:
                     f"{share(host) if host is not None and host.n == s.n else '–'} |")
     if not rows:
         return []
-    lines = ["## Agreement of repeats", "",
+    lines = [f"## {AGREEMENT}", "",
              "Each setting's epoch time (a run's median epoch; TMA: its round) over its repeats: the "
              "median, the min–max, and the min–max as a share of the median; beside it the same share "
              "of the host's own single-core speed, timed before each of those runs' suites (the host "
@@ -121,6 +129,33 @@ def repeat_spread(records: List[dict]) -> List[str]:
         lines += [f"Host probe over the bench's {probes.n} runs: {cell(probes, '.3f')} s, a "
                   f"{share(probes)} spread.", ""]
     return lines
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub renders it: lower case, punctuation dropped, spaces to hyphens."""
+    kept = "".join(c for c in heading.strip().lower()
+                   if c.isalnum() or c in "-_ " or unicodedata.category(c).startswith("M"))
+    return kept.replace(" ", "-")
+
+
+def anchors(lines: List[str]) -> Dict[tuple, str]:
+    """(bench, heading) -> `#anchor` for every heading of a document, its bench the `## bench=NAME`
+    it stands under ("" before the first); a heading's second and later occurrences in the
+    document get GitHub's `-1`, `-2`, ... ."""
+    seen: Dict[str, int] = defaultdict(int)
+    out: Dict[tuple, str] = {}
+    bench = ""
+    for line in lines:
+        if not line.startswith("#"):
+            continue
+        text = line.lstrip("#").strip()
+        if line.startswith("## bench="):
+            bench = text[len("bench="):]
+        base = slug(text)
+        anchor = base if not seen[base] else f"{base}-{seen[base]}"
+        seen[base] += 1
+        out.setdefault((bench, text), "#" + anchor)
+    return out
 
 
 def _is_detail(bench: str, section: str) -> bool:
@@ -135,15 +170,22 @@ def bench_parts(name: str, records: List[dict]) -> tuple:
     parts = report.sections(runs)
     main = [line for section, lines in parts if not _is_detail(name, section) for line in lines]
     detail = [line for section, lines in parts if _is_detail(name, section) for line in lines]
-    return main + repeat_spread(records), detail
+    return main, detail + repeat_spread(records)
 
 
-def bench_section(name: str, records: List[dict], parts: Optional[tuple] = None) -> List[str]:
+def bench_section(name: str, records: List[dict], parts: Optional[tuple] = None,
+                  detail_anchors: Optional[Dict[tuple, str]] = None) -> List[str]:
+    """A bench's RESULTS.md section, with one line linking to each of its tables in DETAILS.md
+    (`detail_anchors`: anchors(DETAILS.md's lines); without it, to the bench's section there)."""
     body, detail = parts or bench_parts(name, records)
     if not body:
         body = ["No comparison table for these runs; their summaries are in the records.", ""]
-    more = ([f"Where each run's batch time goes{' and the projection' if name != 'projection' else ''}: "
-             f"[{DETAILS_NAME}]({DETAILS_NAME}#bench{name}).", ""] if detail else [])
+    more = []
+    if detail:
+        where = detail_anchors or {}
+        links = [f"[{h}]({DETAILS_NAME}{where.get((name, h), '#bench' + name)})"
+                 for h in (line[3:].strip() for line in detail if line.startswith("## "))]
+        more = [f"In {DETAILS_NAME}: " + " · ".join(links) + ".", ""]
     return [f"## bench={name}", "", provenance(records), "", *more, *_demote(body)]
 
 
@@ -160,12 +202,13 @@ def all_parts(records: List[dict]) -> Dict[str, tuple]:
     return {name: bench_parts(name, by[name]) for name in sorted(by)}
 
 
-def render_details(records: List[dict], parts: Optional[Dict[str, tuple]] = None) -> str:
-    """DETAILS.md: each bench's per-run breakdowns and projection, from the same runs as RESULTS.md
-    (`parts`: all_parts(records), when the caller has it already)."""
+def details_lines(records: List[dict], parts: Optional[Dict[str, tuple]] = None) -> List[str]:
     lines = ["# Benchmark details", "",
              "Generated with [RESULTS.md](RESULTS.md) by `python -m benchmarks.results_md`, from the same "
-             "current records: each bench's per-run tables that RESULTS.md leaves out to stay short. "
+             "current records: each bench's wide tables that RESULTS.md leaves out to stay short "
+             "(every column of the LAMP, prefetch and owners tables, every TMA run, the link table, the "
+             "LAMP ablations, the size ladder, where each run's batch time goes, the projection's check "
+             "and grids, the agreement of repeats). "
              "Do not edit by hand.", ""]
     by = _by_bench(records)
     parts = parts if parts is not None else all_parts(records)
@@ -173,20 +216,34 @@ def render_details(records: List[dict], parts: Optional[Dict[str, tuple]] = None
         _, detail = parts[name]
         if detail:
             lines += [f"## bench={name}", "", provenance(by[name]), "", *_demote(detail)]
-    return "\n".join(lines).rstrip("\n") + "\n"
+    return lines
+
+
+def render_details(records: List[dict], parts: Optional[Dict[str, tuple]] = None) -> str:
+    """DETAILS.md: each bench's per-run tables, from the same runs as RESULTS.md (`parts`:
+    all_parts(records), when the caller has it already)."""
+    return "\n".join(details_lines(records, parts)).rstrip("\n") + "\n"
 
 
 def render(records: List[dict], benches: List[str], parts: Optional[Dict[str, tuple]] = None) -> str:
+    from .report.headline import HEADING, headline_rows, headline_table
+
     by = _by_bench(records)
     parts = parts if parts is not None else all_parts(records)
-    lines = ["# Benchmark results", "",
+    title = "# Benchmark results"
+    lines = [title, "",
              "Generated by `python -m benchmarks.results_md` from the run records committed under "
              "`benchmarks/records/` (one JSON line per run, appended by `python -m benchmarks`); "
              "only each setting's newest runs, older ones stay in git. Do not edit by hand: a test "
              "checks that this file is what the generator writes. How records, repeats, CPU budgets "
              "and the time from launch work: [docs/benchmarks.md](../docs/benchmarks.md); each "
-             f"bench's per-run breakdowns and projection grids: [{DETAILS_NAME}]({DETAILS_NAME}).", ""]
-    sections = {name: bench_section(name, by[name], parts[name]) for name in sorted(by)}
+             f"bench's wide per-run tables, breakdowns and projection grids: [{DETAILS_NAME}]({DETAILS_NAME}).", ""]
+    detail_anchors = anchors(details_lines(records, parts))
+    sections = {name: bench_section(name, by[name], parts[name], detail_anchors) for name in sorted(by)}
+    # the headline table links into the sections: their anchors in the whole document's order
+    where = anchors([title, f"## {HEADING}"] + [line for section in sections.values() for line in section])
+    rows = headline_rows({name: [as_run(r) for r in sorted(by[name], key=lambda r: r["run"])] for name in by})
+    lines += headline_table(rows, lambda bench, heading: where.get((bench, heading), f"#bench{bench}"))
     # what each bench's section holds, so that a reader finds a table without scrolling through all
     lines += ["Contents:", ""]
     for name, section in sections.items():

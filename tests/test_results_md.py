@@ -1,5 +1,6 @@
 """Committed run records and benchmarks/RESULTS.md generated from them (no cluster)."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ from omegaconf import OmegaConf
 
 from benchmarks.records import as_run, current, read_records, write_records
 from benchmarks.report import collect
-from benchmarks.results_md import bench_names, render, render_details
+from benchmarks.results_md import anchors, bench_names, render, render_details
 from benchmarks.spread import overlap, ratio_cell, spread
 from benchmarks.config import BenchConfig, SuiteConfig
 
@@ -22,11 +23,101 @@ def test_committed_results_md_is_what_the_generator_writes_from_the_committed_re
     assert got == want, "benchmarks/RESULTS.md is stale: run python -m benchmarks.results_md and commit it"
     details = (REPO / "benchmarks" / "DETAILS.md").read_text()
     assert details == render_details(records), "benchmarks/DETAILS.md is stale: run python -m benchmarks.results_md"
-    # the per-run breakdowns and the projection's grids live in DETAILS.md, linked from RESULTS.md;
-    # bench=projection keeps its projection, the subject of that bench
-    assert "### Where a batch's time goes" not in got and "### Where a batch's time goes" in details
+    # the wide per-run tables live in DETAILS.md, linked from RESULTS.md; bench=projection keeps
+    # its projection, the subject of that bench
+    for heading in ("### Where a batch's time goes", "### TMA: every run (same wall-time budget)",
+                    "### Link prediction: the TMA paper's Table 1", "### Agreement of repeats",
+                    "### LAMP: asynchronous pipeline and fusion", "### Growth with graph size",
+                    "### LAMP against DistDGL: every column",
+                    "### distdgl: prefetch against the synchronous loop: every column",
+                    "### LAMP: what the owners add: every column"):
+        assert heading not in got and heading in details, heading
     assert got.count("### Projection to real clusters") == ("## bench=projection" in got)
-    assert "(DETAILS.md#benchheadline)" in got
+    # every link into DETAILS.md names a heading there
+    there = set(anchors(details.splitlines()).values())
+    links = re.findall(r"\]\(DETAILS\.md(#[^)]*)\)", got)
+    assert links and set(links) <= there, set(links) - there
+    assert "(DETAILS.md#where-a-batchs-time-goes)" in got
+
+
+def _headline(text: str) -> list:
+    """The headline table's lines (header, rule, rows)."""
+    lines = text.splitlines()
+    start = lines.index("## Headline comparisons")
+    table = []
+    for line in lines[start + 1:]:
+        if line.startswith("|"):
+            table.append(line)
+        elif table:
+            break
+    return table
+
+
+def _cells(line: str) -> list:
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_results_md_opens_with_one_short_headline_table_linking_to_its_sections():
+    got = (REPO / "benchmarks" / "RESULTS.md").read_text()
+    lines = got.splitlines()
+    # right after the one-paragraph header: the title, the paragraph, then the table's heading
+    assert lines[0] == "# Benchmark results" and lines[4] == "## Headline comparisons"
+    assert got.count("## Headline comparisons") == 1
+    table = _headline(got)
+    header, rows = _cells(table[0]), table[2:]
+    assert len(header) <= 8 and 10 <= len(rows) <= 25, (header, len(rows))
+    assert all(len(_cells(r)) == len(header) for r in rows)
+    headings = set(anchors(lines).values())
+    for row in rows:
+        link = re.search(r"\]\((#[^)]*)\)", row)
+        assert link and link.group(1) in headings and link.group(1) != "#headline-comparisons", row
+    benches = {_cells(r)[0] for r in rows}
+    assert {"headline", "target", "tma", "link", "parity"} <= benches
+    # the ratios as the sections give them: bench=headline's debian row, bench=target's
+    # (LAMP table: bytes 14.7x, ratio per repeat 1.25x (1.12–1.39), test difference +0.44)
+    assert "| headline | [lamp 8-bit](#lamp-against-distdgl) | debian, L3, 1gbit | 14.7x | 1.25x (1.12–1.39) | – | +0.44 |" in got
+    assert [r for r in rows if r.startswith("| target |") and "| debian, L3, 100mbit |" in r]
+
+
+def test_the_headline_ratios_are_the_per_repeat_ratios_of_the_sections(tmp_path):
+    from benchmarks.report import lamp_section
+    from benchmarks.report.headline import headline_rows, headline_table
+
+    _invocation(tmp_path, (8.0, 12.0, 10.0))  # the host slowed lamp's second repeat, not distdgl's
+    # distdgl's converged run sets the target: its best 0.605 minus one point
+    _run(tmp_path, "accuracy-L3-converged/0", [(10.0, 0.5), (30.0, 0.605), (40.0, 0.6)], ["pipeline=distdgl"],
+         pipeline="distdgl", best_val=0.605, test=0.6, epochs=3, epoch_times_s=[10.0] * 3, setup_s=2.0)
+    (tmp_path / "accuracy-L3-converged" / "0" / "config.yaml").write_text(
+        OmegaConf.to_yaml({"cluster": {"kind": "netns"}, "train": {"epochs": 12, "patience": 2}}))
+    rows = headline_rows({"lamp": collect(tmp_path)})
+    assert len(rows) == 1
+    row = rows[0]
+    # by hand: bytes 3000 / 400 in every repeat; epochs distdgl 10 / 11 / 12 over lamp 4 / 6 / 5
+    # (median epochs of runs of 8, 12, 10 s in two epochs): 2.5, 1.83, 2.4 (the ratio of the
+    # medians, 11 / 5 = 2.2, is not what the headline shows)
+    assert row.bytes == "7.5x"
+    assert row.epoch == "2.40x (1.83–2.50)"
+    # to 0.595 from launch: distdgl at 20 / 22 / 24 s + 2 s set-up, lamp at 4 / 6 / 5 s + 5 s:
+    # 22 / 9, 24 / 11, 26 / 10 = 2.44, 2.18, 2.60 (the ratio of the medians: 24 / 10 = 2.4)
+    assert row.launch == "2.44x (2.18–2.60)"
+    assert row.test == "+1.00"  # test 0.59 against 0.58
+    line = headline_table(rows, lambda bench, heading: f"#{bench}-{heading}")[-2]
+    assert line == ("| lamp | [lamp 8-bit](#lamp-LAMP against DistDGL) | wordnet, L3, 1gbit | 7.5x | "
+                    "2.40x (1.83–2.50) | 2.44x (2.18–2.60) | +1.00 |")
+    # the LAMP tables' ratio per repeat are the same numbers
+    text = "\n".join(lamp_section(collect(tmp_path), narrow=True))
+    assert "| 2.40x (1.83–2.50), 28% |" in text and "| 2.44x (2.18–2.60), 17% |" in text
+
+
+def test_anchors_are_githubs_with_repeats_numbered():
+    lines = ["# Results", "## bench=a", "### LAMP against DistDGL", "#### wordnet, 4 machines, 1gbit links",
+             "## bench=b", "### LAMP against DistDGL", "### Where a batch's time goes"]
+    got = anchors(lines)
+    assert got[("a", "LAMP against DistDGL")] == "#lamp-against-distdgl"
+    assert got[("b", "LAMP against DistDGL")] == "#lamp-against-distdgl-1"
+    assert got[("a", "wordnet, 4 machines, 1gbit links")] == "#wordnet-4-machines-1gbit-links"
+    assert got[("b", "Where a batch's time goes")] == "#where-a-batchs-time-goes"
+    assert got[("b", "bench=b")] == "#benchb"
 
 
 def test_spread_gives_median_min_max_and_says_when_ranges_overlap():
@@ -122,15 +213,21 @@ def test_records_make_the_lamp_tables_with_medians_ranges_and_time_from_launch(t
     assert "limited to 0.45 CPUs" in text
     # epoch s: distdgl 10 / 11 / 12, lamp 5 / 6 / 7 -> medians 11 and 6, ranges apart: no overlap mark
     assert "| 11.00 (10.00–12.00) / 6.00 (5.00–7.00) |" in text
-    # within each repeat: 10 / 5, 11 / 6, 12 / 7
-    assert "| 1.83x | 1.83x (1.71–2.00), 16% | 3 / 3 |" in text
+    # within each repeat: 10 / 5, 11 / 6, 12 / 7 (RESULTS.md: the narrow table; DETAILS.md every column)
+    assert "| **7.5x** | 11.00 (10.00–12.00) / 6.00 (5.00–7.00) | 1.83x (1.71–2.00), 16% | +1.00 | 3 / 3 |" in text
+    details = render_details(read_records(tmp_path / "records"))
+    assert "| 1.83x | 1.83x (1.71–2.00), 16% | 3 / 3 |" in details and "| 1.83x | 1.83x" not in text
     # target 0.6 - 0.01: distdgl at 20 / 22 / 24 s, lamp at 5 / 6 / 7 s; from launch +2 and +10 s
+    assert ("| accuracy-L3 | wordnet | 3 / 8 | 0.5900 (compared runs) | 22.0 (20.0–24.0) / 6.0 (5.0–7.0) | **3.67x** | "
+            "24.0 (22.0–26.0) / 16.0 (15.0–17.0) | **1.50x** | 1.50x (1.47–1.53), 4% | 3 / 3 |") in text
     assert ("| accuracy-L3 | wordnet | 3 | 8 | 0.5900 (compared runs) | 22.0 (20.0–24.0) | 6.0 (5.0–7.0) | **3.67x** | "
-            "24.0 (22.0–26.0) | 16.0 (15.0–17.0) | **1.50x** | 3 / 3 |") in text
-    # how far the repeats of a setting agree: (12 - 10) / 11; the host probe (0.22 - 0.20) / 0.21
-    assert "| accuracy-L3-distdgl | distdgl wordnet L3 M4 1gbit 0.45 CPUs | 3 | 11.00 (10.00–12.00) | 18% | 10% |" in text
-    assert "| accuracy-L3-lamp | lamp wordnet L3 M4 1gbit 0.45 CPUs | 3 | 6.00 (5.00–7.00) | 33% | – |" in text
-    assert "Host probe over the bench's 3 runs: 0.210 (0.200–0.220) s, a 10% spread." in text
+            "24.0 (22.0–26.0) | 16.0 (15.0–17.0) | **1.50x** | 3 / 3 |") in details
+    # how far the repeats of a setting agree (in DETAILS.md): (12 - 10) / 11; the host probe
+    # (0.22 - 0.20) / 0.21
+    assert "| accuracy-L3-distdgl | distdgl wordnet L3 M4 1gbit 0.45 CPUs | 3 | 11.00 (10.00–12.00) | 18% | 10% |" in details
+    assert "| accuracy-L3-lamp | lamp wordnet L3 M4 1gbit 0.45 CPUs | 3 | 6.00 (5.00–7.00) | 33% | – |" in details
+    assert "Host probe over the bench's 3 runs: 0.210 (0.200–0.220) s, a 10% spread." in details
+    assert "[Agreement of repeats](DETAILS.md#agreement-of-repeats)" in text
     assert "## Benches without current records" in text and "- `bench=tma`" in text
 
 

@@ -15,9 +15,12 @@ One file per part:
   and the cell formats `fmt`, `kb`, `mb`
 - overview.py: the table of every run; accuracy against one process, bytes as layers grow
 - distdgl.py: bench=parity (distdgl beside plain DGL, prefetch against the synchronous loop)
-- link.py: bench=link (the TMA paper's Table 1); tma.py: bench=tma
+- link.py: bench=link (the TMA paper's Table 1); tma.py: bench=tma (each method's time to the
+  target over repeats; every run's row in a section of its own)
 - lamp.py: bench=lamp (lamp beside distdgl, its ablations); owners.py: what the owners add
 - breakdown.py: where a batch's time goes
+- headline.py: the one short table RESULTS.md opens with (each comparison against distdgl, from
+  the helpers of the sections above)
 - plots.py: every figure, in one colour per method; mpl.py: matplotlib where it is installed
 - benchmarks.scale, benchmarks.projection, benchmarks.compute_speed and benchmarks.link_probe:
   the growth, projection, GPU compute-speed and netns link-efficiency sections
@@ -32,20 +35,20 @@ from ..link_probe import Efficiencies, network_section
 from ..projection import projection_section
 from ..scale import scale_section
 from .breakdown import breakdown_section
-from .distdgl import parity, prefetch_pairs
+from .distdgl import PREFETCH_HEADING, parity, prefetch_pairs
 from .lamp import best_baseline, lamp_ablations, lamp_section
 from .link import link_section
 from .overview import comparisons, table
-from .owners import owners_section
+from .owners import OWNERS_HEADING, owners_section
 from .mpl import plot_note
 from .plots import plot_breakdown, plot_bytes, plot_curves, plot_lamp_bytes, plot_scale
 from .runs import label, median_epoch_s
 from .summaries import collect, label_tv, write_csv
-from .tma import tma_section
+from .tma import tma_runs_section, tma_section
 
 __all__ = ["best_baseline", "breakdown_section", "collect", "comparisons", "label", "label_tv", "lamp_ablations",
            "lamp_section", "link_section", "median_epoch_s", "owners_section", "parity", "plot_note",
-           "prefetch_pairs", "sections", "table", "tables", "tma_section", "write_report"]
+           "prefetch_pairs", "sections", "table", "tables", "tma_runs_section", "tma_section", "write_report"]
 
 
 def _figure(heading: Optional[str], alt: str, png: Optional[Path]) -> List[str]:
@@ -60,10 +63,21 @@ def sections(runs: List[dict], out: Optional[Path] = None) -> List[Tuple[str, Li
     of its kind). `out`: the results folder the plots go into, each where it stands between the
     tables; None: the tables alone (benchmarks.results_md)."""
     here = out or Path(".")
-    parts = [("comparisons", comparisons(runs)), ("parity", parity(runs)), ("prefetch", prefetch_pairs(runs)),
-             ("link", link_section(runs)), ("tma", tma_section(runs, here, plots=out is not None)),
-             ("lamp", lamp_section(runs)), ("lamp_ablations", lamp_ablations(runs)),
-             ("owners", owners_section(runs))]
+    # without a results folder (benchmarks.results_md) the LAMP and prefetch tables come narrow,
+    # every column of them in sections of their own (DETAILS.md); the report has every column once
+    narrow = out is None
+    parts = [("comparisons", comparisons(runs)), ("parity", parity(runs)),
+             ("prefetch", prefetch_pairs(runs, narrow=narrow))]
+    if narrow:
+        parts.append(("prefetch_columns", prefetch_pairs(runs, heading=f"{PREFETCH_HEADING}: every column")))
+    parts += [("link", link_section(runs)), ("tma", tma_section(runs, here, plots=out is not None)),
+              ("tma_runs", tma_runs_section(runs)), ("lamp", lamp_section(runs, narrow=narrow))]
+    if narrow:
+        parts.append(("lamp_columns", lamp_section(runs, heading="LAMP against DistDGL: every column", growth=False)))
+    parts += [("lamp_ablations", lamp_ablations(runs)), ("owners", owners_section(runs, narrow=narrow))]
+    if narrow:
+        parts.append(("owners_columns", owners_section(runs, heading=f"{OWNERS_HEADING}: every column",
+                                                       shares_table=False)))
     if out is not None:
         figures = _figure("Validation metric against training time", "curves", plot_curves(runs, out / "curves.png"))
         figures += _figure("Bytes per batch", "bytes", plot_bytes(runs, out / "bytes_per_batch.png"))

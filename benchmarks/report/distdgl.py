@@ -55,29 +55,36 @@ def parity(runs: List[dict]) -> List[str]:
             "|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
 
 
-def prefetch_pairs(runs: List[dict]) -> List[str]:
+PREFETCH_HEADING = "distdgl: prefetch against the synchronous loop"
+
+
+def prefetch_pairs(runs: List[dict], narrow: bool = False, heading: str = PREFETCH_HEADING) -> List[str]:
     """bench=parity's prefetch-* and auto-* suites: distdgl with pipeline.prefetch=1 (each loader:
     sampling only, sampling and pull, or the first epoch's choice) against prefetch=0 of the same
     suite family for each dataset, layer count and bandwidth, the repeats of both orders pooled
-    (epoch times of all runs of a side: median and min-max)."""
-    by_key: Dict[tuple, Dict[str, List[dict]]] = {}
-    for s in runs:
-        family = s["_rel"].split("-")[0]
-        if s.get("status") != "ok" or s.get("pipeline") != "distdgl" or family not in FAMILIES:
-            continue
-        key = (s["dataset"], s.get("layers") or 0, bandwidth(s) or "unlimited", family)
-        loop = loader(s) if int(s.get("prefetch") or 0) == 1 else "sync" if not s.get("prefetch") else None
-        if loop:
-            by_key.setdefault(key, {}).setdefault(loop, []).append(s)
+    (epoch times of all runs of a side: median and min-max). `narrow`: the comparison's columns
+    only (RESULTS.md; every column: DETAILS.md and the report)."""
     rows = []
-    for (ds, layers, bw, _), sides in sorted(by_key.items()):
-        for name in sorted(set(sides) - {"sync"}, reverse=True):
-            row = _prefetch_row(ds, layers, bw, name, sides[name], sides.get("sync", []))
-            if row:
-                rows.append(row)
+    for ds, layers, bw, name, on, off in prefetch_sides(runs):
+        row = _prefetch_row(ds, layers, bw, name, on, off, narrow)
+        if row:
+            rows.append(row)
     if not rows:
         return []
-    return ["## distdgl: prefetch against the synchronous loop", "",
+    if narrow:
+        return [f"## {heading}", "",
+                "`pipeline=distdgl` with `pipeline.prefetch=1` (the default: a background thread samples "
+                "the next batch while the trainer trains; the loader says whether it pulled the batch's "
+                "features too, or the first epoch chose: `pipeline.prefetch_auto`) against "
+                "`pipeline.prefetch=0` of the same suites, repeated in both orders. Epoch time: median "
+                "(min-max) over all epochs of all runs of a side; per repeat: the two loops ran back to "
+                "back, the ratio of their median epochs (median, min–max, spread). Bar: prefetch 1 at "
+                "least as fast. Every column (runs, bytes, waits, CPU-bound share, repeats faster): "
+                "DETAILS.md.", "",
+                "| dataset | layers | bandwidth | loader | epoch s, prefetch 1 / 0 | time ratio | "
+                "ratio per repeat | at least as fast |",
+                "|---|---|---|---|---|---|---|---|", *rows, ""]
+    return [f"## {heading}", "",
             "`pipeline=distdgl` with `pipeline.prefetch=1` (the default: a background thread samples "
             "the next batch while the trainer trains; the loader column says whether it pulled the "
             "batch's features too, `pipeline.prefetch_pull`, or the trainer pulled them before its step; "
@@ -102,17 +109,41 @@ def prefetch_pairs(runs: List[dict]) -> List[str]:
 FAMILIES = ("prefetch", "auto")  # bench=parity's suites of prefetch against the synchronous loop
 
 
-def _prefetch_row(ds, layers, bw, name: str, on: List[dict], off: List[dict]) -> Optional[str]:
+def prefetch_sides(runs: List[dict]) -> List[tuple]:
+    """(dataset, layers, bandwidth, loader, prefetch 1 runs, prefetch 0 runs) for each loader of
+    bench=parity's prefetch-* and auto-* suites against the synchronous runs of the same suite
+    family, dataset, layers and bandwidth, in the prefetch table's order."""
+    by_key: Dict[tuple, Dict[str, List[dict]]] = {}
+    for s in runs:
+        family = s["_rel"].split("-")[0]
+        if s.get("status") != "ok" or s.get("pipeline") != "distdgl" or family not in FAMILIES:
+            continue
+        key = (s["dataset"], s.get("layers") or 0, bandwidth(s) or "unlimited", family)
+        loop = loader(s) if int(s.get("prefetch") or 0) == 1 else "sync" if not s.get("prefetch") else None
+        if loop:
+            by_key.setdefault(key, {}).setdefault(loop, []).append(s)
+    return [(ds, layers, bw, name, sides[name], sides.get("sync", []))
+            for (ds, layers, bw, _), sides in sorted(by_key.items())
+            for name in sorted(set(sides) - {"sync"}, reverse=True)]
+
+
+def pooled_epochs(group: List[dict]) -> List[float]:
+    """Every epoch time of every run of a side, sorted (the prefetch table's min, median and max)."""
+    return sorted(t for s in group for t in (s.get("epoch_times_s") or []))
+
+
+def mean_of(group: List[dict], key: str) -> Optional[float]:
+    vals = [s[key] for s in group if s.get(key) is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _prefetch_row(ds, layers, bw, name: str, on: List[dict], off: List[dict], narrow: bool = False) -> Optional[str]:
     if not on or not off:
         return None
-    times = [sorted(t for s in g for t in (s.get("epoch_times_s") or [])) for g in (on, off)]
+    times = [pooled_epochs(g) for g in (on, off)]
     if not times[0] or not times[1]:
         return None
     t1, t0 = (median(t) for t in times)
-
-    def mean_of(group, key):
-        vals = [s[key] for s in group if s.get(key) is not None]
-        return sum(vals) / len(vals) if vals else None
 
     def wait(group):
         per = [s.get("time_per_batch_s") or {} for s in group]
@@ -129,6 +160,10 @@ def _prefetch_row(ds, layers, bw, name: str, on: List[dict], off: List[dict]) ->
     if name == "auto":  # trainers that kept the loader after their first epoch, of all
         kept = [s for s in on if s.get("prefetch_kept") is not None]
         name += f" (kept {sum(s['prefetch_kept'] for s in kept)} of {sum(s.get('trainers') or 0 for s in kept)})"
+    epochs = (f"{t1:.2f} ({times[0][0]:.2f}-{times[0][-1]:.2f}) / {t0:.2f} ({times[1][0]:.2f}-{times[1][-1]:.2f})")
+    if narrow:
+        return (f"| {ds} | {layers} | {bw} | {name} | {epochs} | **{t1 / t0:.2f}x** | {paired_cell(pairs)} | "
+                f"{verdict} |")
     return (f"| {ds} | {layers} | {bw} | {name} | {len(on)} / {len(off)} | {t1:.2f} ({times[0][0]:.2f}-"
             f"{times[0][-1]:.2f}) / {t0:.2f} ({times[1][0]:.2f}-{times[1][-1]:.2f}) | **{t1 / t0:.2f}x** | "
             f"{kb(mean_of(on, 'app_bytes_per_batch'))} / {kb(mean_of(off, 'app_bytes_per_batch'))} | "

@@ -33,11 +33,16 @@ def _share(values: List[Optional[float]]) -> List[str]:
     return [f"{100 * (a - b) / total:+.0f}%" for a, b in zip(values, values[1:])]
 
 
-def owners_section(runs: List[dict]) -> List[str]:
+OWNERS_HEADING = "LAMP: what the owners add"
+
+
+def owners_section(runs: List[dict], narrow: bool = False, heading: str = OWNERS_HEADING,
+                   shares_table: bool = True) -> List[str]:
     """bench=lamp's ablation-owners suites: distdgl, distdgl reading its halo from a local copy,
     lamp with the roots read from the trainer's histories and lamp, at the same dataset, layers
-    and bandwidth, each over its repeats (median, min–max); what each step adds to the gain from
-    distdgl to lamp (from the medians)."""
+    and bandwidth, each over its repeats (median, min–max); `shares_table`: what each step adds to
+    the gain from distdgl to lamp (from the medians). `narrow`: the comparison's columns only
+    (RESULTS.md; every column: DETAILS.md and the report)."""
     ok = [s for s in runs if s.get("status") == "ok" and s.get("pipeline") in ("lamp", "distdgl")
           and s["_rel"].startswith("ablation-owners")]
     cells: Dict[tuple, Dict[str, List[dict]]] = defaultdict(lambda: defaultdict(list))
@@ -45,7 +50,7 @@ def owners_section(runs: List[dict]) -> List[str]:
         if s["pipeline"] == "lamp" and s.get("bits") not in (None, 8):
             continue
         cells[(s["dataset"], s.get("layers"), bandwidth(s))][_owners_variant(s)].append(s)
-    rows, shares, capped = [], [], []
+    rows, short, shares, capped = [], [], [], []
     for (ds, layers, bw), got in sorted(cells.items(), key=lambda kv: str(kv[0])):
         d = got.get("distdgl") or []
         bd, td = spread(_beyond_allreduce(r) for r in d), spread(median_epoch_s(r) for r in d)
@@ -66,6 +71,11 @@ def owners_section(runs: List[dict]) -> List[str]:
                         f"{cell(spread(r.get('epochs') for r in rs), 'g')} | {cell(test, '.4f')} | "
                         + ("–" if base else f"{(test.median - testd.median) * 100:+.2f}" if test and testd else "–")
                         + " |")
+            short.append(f"| {ds}, L{layers}, {bw or 'unlimited'} | {name} | {cell(_kb(b), ',.1f')} | "
+                         f"{'–' if base else ratio_cell(bd, b, bold=False, spec='.1f')} | {cell(t)} | "
+                         f"{'–' if base else ratio_cell(td, t, bold=False)} | "
+                         + ("–" if base else f"{(test.median - testd.median) * 100:+.2f}" if test and testd else "–")
+                         + " |")
             capped += [f"{ds} {name}" for r in rs if hit_epoch_cap(r)]
         if len(medians) == len(OWNERS_STEPS):
             for what, i in (("bytes beyond all-reduce", 0), ("epoch time", 1)):
@@ -73,23 +83,27 @@ def owners_section(runs: List[dict]) -> List[str]:
                 shares.append(f"| {ds} | {layers} | {bw or '–'} | {what} | " + " | ".join(_share(values)) + " |")
     if not rows:
         return []
-    out = ["## LAMP: what the owners add", "",
-           "The gain from distdgl to lamp in steps (bench=lamp's ablation-owners suites, the same partitions, "
-           "seeds and batches): distdgl reading its machine's halo features from a local copy made at setup "
-           "(`pipeline.halo_cache=true`: caching alone), lamp with every remote top-hop root read from the "
-           "trainer's own quantized histories (`pipeline.roots=histories`: LAMP's computation on local data and "
-           "stale halo rows, no owner round trip), and lamp (the owners' fresh answers). Bytes per trainer and "
-           "batch on the wire; epoch time the median of a run's "
-           "epochs; test at the best validation point, and the difference of its median from distdgl's in "
-           "points. Each cell is the median over the runs (min–max); a ratio whose two ranges overlap says so.",
-           "",
-           "| dataset | layers | bandwidth | variant | runs | net KB/batch | beyond all-reduce KB | distdgl / this | "
-           "epoch s | distdgl / this | epochs | test | vs distdgl (points) |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
+    intro = ("The gain from distdgl to lamp in steps (bench=lamp's ablation-owners suites, the same partitions, "
+             "seeds and batches): distdgl reading its machine's halo features from a local copy made at setup "
+             "(`pipeline.halo_cache=true`: caching alone), lamp with every remote top-hop root read from the "
+             "trainer's own quantized histories (`pipeline.roots=histories`: LAMP's computation on local data and "
+             "stale halo rows, no owner round trip), and lamp (the owners' fresh answers). Bytes per trainer and "
+             "batch on the wire; epoch time the median of a run's "
+             "epochs; test at the best validation point, and the difference of its median from distdgl's in "
+             "points. Each cell is the median over the runs (min–max); a ratio whose two ranges overlap says so.")
+    if narrow:
+        out = [f"## {heading}", "", intro + " Every column (runs, bytes in all, epochs, test): DETAILS.md.", "",
+               "| setting | variant | beyond all-reduce KB | distdgl / this | epoch s | distdgl / this | "
+               "vs distdgl (points) |", "|---|---|---|---|---|---|---|", *short, ""]
+    else:
+        out = [f"## {heading}", "", intro, "",
+               "| dataset | layers | bandwidth | variant | runs | net KB/batch | beyond all-reduce KB | distdgl / this | "
+               "epoch s | distdgl / this | epochs | test | vs distdgl (points) |",
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, ""]
     out.append("Runs stopped by the epoch cap rather than by patience (not converged): "
                + (", ".join(sorted(set(capped))) + "." if capped else "none."))
     out.append("")
-    if shares:
+    if shares and shares_table:
         out += ["Each step's share of the gain from distdgl to lamp, from the medians (negative: that step costs "
                 f"more than it saves; –: the whole gain is under {SHARE_MIN_GAIN:.0%} of distdgl's, too small to "
                 "split):",
