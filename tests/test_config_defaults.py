@@ -100,7 +100,7 @@ def test_dataset_options_have_only_schema_keys():
     assert not bad, bad
 
 
-def test_the_checks_catch_a_difference(tmp_path):
+def test_the_checks_catch_a_difference(tmp_path, monkeypatch):
     lamp = option_keys(conf_dir() / "pipeline" / "lamp.yaml")
     changed = tmp_path / "lamp.yaml"
     for edit, expect in [({"bits": lamp["bits"] * 2}, "bits:"), ({"bitz": 8}, "not a key"),
@@ -111,10 +111,6 @@ def test_the_checks_catch_a_difference(tmp_path):
     assert any("halo_bits is missing" in line for line in pipeline_differences(changed))
     (tmp_path / "model").mkdir()
     OmegaConf.save(OmegaConf.create({"name": "x", "hidden": C.ModelConfig.hidden}), tmp_path / "model" / "x.yaml")
-    real = C.CONF_DIR
-    try:
-        C.CONF_DIR = str(tmp_path)
-        assert repeated_defaults("model", C.ModelConfig) == [
-            f"model/x.yaml: hidden: {C.ModelConfig.hidden} repeats ModelConfig's default"]
-    finally:
-        C.CONF_DIR = real
+    monkeypatch.setattr(C, "CONF_DIR", str(tmp_path))
+    assert repeated_defaults("model", C.ModelConfig) == [
+        f"model/x.yaml: hidden: {C.ModelConfig.hidden} repeats ModelConfig's default"]
