@@ -1,7 +1,9 @@
 """Structured config (Hydra schemas).
 
 Every YAML file under ``conf/`` is merged onto one of these dataclasses, so a wrong type or an
-unknown key fails at compose time with Hydra's own message. ``register_configs()`` must run
+unknown key fails at compose time with Hydra's own message; a pipeline's file is merged onto its
+class's own schema (a PipelineConfig subclass) once the class is known
+(degnn.pipelines.typed_config). ``register_configs()`` must run
 before ``@hydra.main`` (the entry points call it at import).
 """
 from __future__ import annotations

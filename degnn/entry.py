@@ -153,7 +153,7 @@ def run_trainer(cfg, run_dir: Path, local_rank_arg) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = local_rank_arg if local_rank_arg is not None else int(os.environ.get("LOCAL_RANK", 0))
     setup_logging(run_dir, f"rank{rank}", to_console=rank == 0)
-    # liveness until the epoch loop starts, then progress (Pipeline.run switches it)
+    # liveness until the epoch loop starts, then progress (EpochLoop.run switches it)
     heartbeat = Heartbeat(heartbeat_path(run_dir, f"rank{rank}")).start()
     atexit.register(write_peak, run_dir, f"rank{rank}")
     part_config = Path(os.environ["DGL_CONF_PATH"])

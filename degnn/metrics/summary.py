@@ -1,9 +1,9 @@
 """The run summary (summary.json) as one typed record, and the byte categories it adds up.
 
 `RunSummary` defines every key that the shared training loop and the launcher write; a pipeline
-adds its own keys through a dataclass of its own (`Pipeline.summary_fields`), so every key of a
-summary is defined exactly once, and `RunSummary.to_dict` refuses a key defined twice or not at
-all. docs/design.md lists these keys; tests/test_summary.py checks the list against this file.
+adds its own keys through a dataclass of its own (`Pipeline.summary_extra`), so every key of a
+summary is defined exactly once, and `to_dict` refuses a key defined twice or a pipeline's keys
+that are not a dataclass. docs/design.md lists these keys; tests/test_summary.py checks the list against this file.
 """
 from __future__ import annotations
 

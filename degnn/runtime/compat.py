@@ -1,7 +1,6 @@
 """The one place that knows about DGL and launcher version differences."""
 from __future__ import annotations
 
-import os
 import re
 from typing import List, Optional, Tuple
 
@@ -33,7 +32,3 @@ def strip_local_rank(argv: List[str]) -> Tuple[List[str], Optional[int]]:
             continue
         out.append(arg)
     return out, local_rank
-
-
-def local_rank_from_env(default: int = 0) -> int:
-    return int(os.environ.get("LOCAL_RANK", default))

@@ -21,7 +21,8 @@ class LAMPConfig(PipelineConfig):
     # last sync; the oldest halo rows go first (round robin over layers and nodes). null: every
     # halo row written since the last sync (bytes then grow with the layers: one table per layer)
     sync_budget: Optional[float] = 0.25
-    # the model's lower layers are shipped to the machine's graph servers every this many steps
+    # the model's lower layers are shipped to the machine's owner every this many steps (its graph
+    # servers with engine=server; with engine=trainer an in-process copy the trainer's rounds load)
     weight_sync_steps: int = 1
     # stop: owner answers and history rows are constants for the backward pass (GAS semantics)
     grad: str = "stop"

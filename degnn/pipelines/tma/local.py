@@ -26,7 +26,6 @@ from degnn.runtime.own_rows import own_rows
 @dataclass
 class LocalData:
     graph: dgl.DGLGraph  # inner nodes only, relabelled 0..n-1, ndata feat (and label: node task)
-    global_ids: torch.Tensor  # local id -> DistGraph id
     # the task's supervision ids of the local graph (train nodes, or every local edge)
     train_ids: torch.Tensor
     edges_total: int  # edges of the local partition before dropping the cut ones (inner dst)
@@ -74,4 +73,4 @@ def build_local_data(g, part_config: str, log, task) -> LocalData:
     del src, dst, keep, into_inner, remap  # the edge lists' temporaries, before the features
     local.ndata["feat"] = _own_features(g, gids)
     train_ids = task.local_ids(local, {k: g.ndata[k][gids] for k in task.node_fields()})
-    return LocalData(graph=local, global_ids=gids, train_ids=train_ids, edges_total=edges_total)
+    return LocalData(graph=local, train_ids=train_ids, edges_total=edges_total)
