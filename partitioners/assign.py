@@ -13,7 +13,7 @@ same writer (`partitioners.writer`) then turns any assignment into DGL's partiti
   ``balance_edges``, in-degrees balanced too. METIS itself is deterministic: the seed is unused.
 * ``supernode``: METIS into C small clusters ("super-nodes"), cluster ids shuffled with
   ``default_rng(seed)`` and dealt in K contiguous groups of floor/ceil(C/K) clusters
-  (SuperTMA's "uniform-cluster", tma.md §3.1). C follows `effective_num_supernodes`.
+  (SuperTMA's "uniform-cluster"; docs/background.md, "TMA"). C follows `effective_num_supernodes`.
 """
 from __future__ import annotations
 
