@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 
 from degnn.pipelines.lamp.compute import (Grads, GradRows, HistoryPull, HistoryRows, Owner, Roots, Rows, Weights,
-                                          flat, owned_local_ids, unflat)
+                                          flat, owned_local_ids, row_codec, unflat)
 from degnn.pipelines.lamp.graph import LocalGraph
 from degnn.pipelines.lamp.history import History
 
@@ -224,13 +224,13 @@ class LockedHistory(History):
         super().__init__(*args)
         self.lock = threading.Lock()
 
-    def push_codes(self, layer, ids, q, stamp):
+    def push_packed(self, layer, ids, rows, stamp):
         with self.lock:
-            super().push_codes(layer, ids, q, stamp)
+            super().push_packed(layer, ids, rows, stamp)
 
-    def pull_codes(self, layer, ids):
+    def pull_packed(self, layer, ids):
         with self.lock:
-            return super().pull_codes(layer, ids)
+            return super().pull_packed(layer, ids)
 
 
 class RoundResult(NamedTuple):
@@ -255,7 +255,7 @@ class TrainerOwners(Owners):
         self.home = owner_rank[pb.partid]  # this machine's owner
         self.owner: Optional[Owner] = None
         if self.home == rank:
-            history = LockedHistory(lg.num_nodes, meta["hidden"], meta["history_layers"], meta["bits"])
+            history = LockedHistory(lg.num_nodes, meta["history_layers"], row_codec(meta))
             # its own LocalGraph over the same arrays: the builder's scratch is not for two threads
             self.owner = Owner(LocalGraph(lg.indptr, lg.indices, lg.inner, lg.nid), feat, halo_x, boundary,
                                copy.deepcopy(model), meta, history)
