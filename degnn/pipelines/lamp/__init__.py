@@ -19,7 +19,7 @@ One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
    histories h^(k) (history.py, through the machine's own graph server: loopback, no wire).
 2. The leaves of the top block (the seeds' remote neighbours) are *roots*: deduplicated and
    grouped by owner, one ask (compute.Roots) per owner machine, all in flight together: one
-   round per batch (owners.Owners.ask). The owner (compute.Owner.answer) builds the same kind
+   round per batch (engine.Owners.ask). The owner (compute.Owner.answer) builds the same kind
    of graph for layers 1..L-1 below them on its own partition, reads its halo leaves from its
    histories, runs its model replica and answers h^(L-1) of the roots (compute.Rows),
    quantized to `pipeline.bits`.
@@ -112,15 +112,16 @@ history_sync, allreduce. Loopback traffic to the machine's own server (weights, 
 setup) is reported apart in `local_bytes_by_category`: it never reaches the wire counters.
 
 Files: pipeline.py (the trainer's loop: `train_epoch` -> `pipelined` -> `_issue` / `_complete`,
-then `_after_step`; no engine branch: it talks to one `Owners`), owners.py (the `Owners` interface,
-`make_owners`, and engine=trainer's rounds), service.py (engine=server: the graph servers' DGL
-RPC requests, their state, request merging, the trainer's send/receive routing, `ServerOwners`),
-compute.py (the messages, a small dataclass each, and what an owner does with them), graph.py
-(the computation-graph builder, fusion counts and the unfolded graph), halo.py (the halo sync's
-plan and bookkeeping), history.py (the history tables), quantize.py (per-row quantization),
-summary.py (LAMP's summary keys). This package imports nothing heavy itself: graph servers
-import service.py (and through it compute.py, owners.py) before `dgl.distributed.initialize`
-(degnn.runtime.services).
+then `_after_step`; no engine branch: it talks to one `Owners`), engine.py (the `Owners`
+interface, its Ticket and Answers, LampServiceError), owners.py (`make_owners` and engine=trainer's
+rounds), service.py (engine=server: the graph servers' DGL RPC requests, their state, request
+merging, the trainer's send/receive routing, `ServerOwners`), compute.py (the messages, a small
+dataclass each, and what an owner does with them), graph.py (the computation-graph builder, fusion
+counts and the unfolded graph), halo.py (the halo sync's plan and bookkeeping), history.py (the
+history tables), codec.py (how rows are encoded: `pipeline.codec`), quantize.py (the min-max
+quantizer's arithmetic), summary.py (LAMP's summary keys). This package imports nothing heavy
+itself: graph servers import service.py (and through it engine.py, compute.py) before
+`dgl.distributed.initialize` (degnn.runtime.services).
 """
 from __future__ import annotations
 
