@@ -846,13 +846,14 @@ def test_two_machine_lamp_run_with_the_trainer_engine_and_pushed_gradients(roots
     goes through the graph servers while training (no loopback bytes), one round per batch carries
     the LAMP roots, the halo sync and the pushed gradient rows (grad=push), whose parameter
     gradients join the owners' all-reduce; what degnn counted is what the wire carried; the
-    trainers' top blocks are fed their peers' answers."""
-    p = launch(tmp_path, "pipeline=lamp", "pipeline.engine=trainer", "pipeline.grad=push",
+    trainers' top blocks are fed their peers' answers. Every row here is encoded by the second
+    codec (pipeline.codec=absmax: answers, histories, halo sync, gradient rows), and it learns."""
+    p = launch(tmp_path, "pipeline=lamp", "pipeline.engine=trainer", "pipeline.grad=push", "pipeline.codec=absmax",
                "cluster.entry=tests.lamp_answers_probe", "model.layers=3",
                "model.fanouts=[10,10,5]", "train.batch_size=100", "train.epochs=1", "pipeline.halo_sync_steps=3", *roots)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["status"] == "ok" and s["engine"] == "trainer" and s["grad"] == "push", s
+    assert s["status"] == "ok" and s["engine"] == "trainer" and s["grad"] == "push" and s["codec"] == "absmax", s
     # better than guessing after one epoch, and the owners' pushed gradients joined DDP's all-reduce
     # on every trainer alike (bit-identical parameters at the end)
     assert 1 / s["num_classes"] < s["test"] <= 1.0 and s["params_agree"] is True, s
@@ -860,7 +861,8 @@ def test_two_machine_lamp_run_with_the_trainer_engine_and_pushed_gradients(roots
     assert all(cats.get(k, 0) > 0 for k in ("lamp_request", "lamp_response", "history_sync", "grad_push", "allreduce"))
     assert s["local_bytes_by_category"] == {} and s["rpc_round_trips_per_batch"] == 1.0, s
     per_root = cats["lamp_response"] / (s["roots_per_batch"] * s["batches"])
-    assert 132 <= per_root < 132 * 1.5, s
+    row = make_codec("absmax", 128, 8).row_bytes  # 128 codes + a float16 scale
+    assert row == 130 and row <= per_root < row * 1.5, s
     assert 0 < s["history_sync_rows_per_batch"] <= 0.25 * s["roots_per_batch"], s
     assert s["owner_grad_rows_joined_per_batch"] > 0 and s["grad_rows_pushed_per_batch"] > 0, s
     # answers computed with the owner's weights of the step they were asked at: at most prefetch (1)
