@@ -39,9 +39,8 @@ TENSORS = {"spread": list}
 class Setup:
     """An owner's set-up (to a graph server, from its machine's trainer). meta: dict(kind, in_dim,
     hidden, out_dim, layers, dropout, heads, fanouts, codec, bits, seed, fusion, history_layers: the
-    history tables kept, halo_bits); halo_ids: local ids of halo nodes, halo_x: their input features (HaloFeatures' table
-    at meta halo_bits);
-    boundary: local ids of own nodes that are halo nodes of other machines (the only own rows
+    history tables kept, halo_bits); halo_ids: local ids of halo nodes, halo_x: their input
+    features (HaloFeatures' table at meta halo_bits); boundary: local ids of own nodes that are halo nodes of other machines (the only own rows
     anyone reads from the histories); halo_path: where the trainer shares halo_x instead (a file
     its graph servers map, in the machine's /dev/shm or, with pipeline.halo_store=disk, on disk:
     `halo_table`; halo_x is then empty)."""
@@ -135,8 +134,8 @@ def _spread(cls) -> int:
 
 def flat(msg) -> tuple:
     """A message's fields in order, its spread field's tensors in its place (DGL's RPC sends the
-    top-level tensors of a tuple as raw buffers; the codec's parts are then what they were as
-    fields of their own)."""
+    top-level tensors of a tuple as raw buffers: a codec's parts travel as they would as fields of
+    their own)."""
     vals = [getattr(msg, f.name) for f in fields(msg)]
     i = _spread(type(msg))
     return tuple(vals) if i < 0 else tuple(vals[:i]) + tuple(vals[i]) + tuple(vals[i + 1:])
