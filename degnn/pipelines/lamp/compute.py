@@ -40,10 +40,10 @@ class Setup:
     """An owner's set-up (to a graph server, from its machine's trainer). meta: dict(kind, in_dim,
     hidden, out_dim, layers, dropout, heads, fanouts, codec, bits, seed, fusion, history_layers: the
     history tables kept, halo_bits); halo_ids: local ids of halo nodes, halo_x: their input
-    features (HaloFeatures' table at meta halo_bits); boundary: local ids of own nodes that are halo nodes of other machines (the only own rows
-    anyone reads from the histories); halo_path: where the trainer shares halo_x instead (a file
-    its graph servers map, in the machine's /dev/shm or, with pipeline.halo_store=disk, on disk:
-    `halo_table`; halo_x is then empty)."""
+    features (HaloFeatures' table at meta halo_bits); boundary: local ids of own nodes that are
+    halo nodes of other machines (the only own rows anyone reads from the histories); halo_path:
+    where the trainer shares halo_x instead (a file its graph servers map, in the machine's
+    /dev/shm or, with pipeline.halo_store=disk, on disk: `halo_table`; halo_x is then empty)."""
     meta: dict
     halo_ids: torch.Tensor
     halo_x: torch.Tensor
