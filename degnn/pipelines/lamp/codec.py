@@ -87,7 +87,7 @@ class Codec:
 
     def count(self, rows: Packed) -> int:
         """How many rows `rows` holds."""
-        return len(rows[0])
+        return next(len(t) for t, p in zip(rows, self.parts) if p is not None)
 
     # --- as bytes: a table shared through a file ---------------------------------------------------
     def to_bytes(self, rows: Packed) -> torch.Tensor:
