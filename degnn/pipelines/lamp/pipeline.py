@@ -148,7 +148,7 @@ class LAMPPipeline(Pipeline):
         cfg, pcfg = self.cfg, self.cfg.pipeline
         check_lamp_config(pcfg, cfg.model)
         self.bits, self.L = int(pcfg.bits), int(cfg.model.layers)
-        self.codec = make_codec(pcfg.codec, cfg.model.hidden, self.bits)  # every hidden-state row's
+        self.codec = make_codec(pcfg.codec, cfg.model.hidden, self.bits)  # encodes every hidden-state row
         self.fanouts = [int(f) for f in cfg.model.fanouts]
         self.prefetch, self.fused, self.push = int(pcfg.prefetch), bool(pcfg.fusion), pcfg.grad == "push"
         # roots=histories: the top block's leaves read history h^(L-1) too, so one more table
@@ -284,8 +284,8 @@ class LAMPPipeline(Pipeline):
         self.step_no, self.weights_version = 0, -1
         meta = dict(kind=cfg.model.name, in_dim=self.in_dim, hidden=cfg.model.hidden, out_dim=self.out_dim,
                     layers=self.L, dropout=float(cfg.model.dropout), heads=cfg.model.heads,
-                    fanouts=self.fanouts, codec=cfg.pipeline.codec, bits=self.bits, seed=int(cfg.train.seed) + self.me, fusion=self.fused,
-                    history_layers=self.tables, halo_bits=int(cfg.pipeline.halo_bits))
+                    fanouts=self.fanouts, bits=self.bits, seed=int(cfg.train.seed) + self.me, fusion=self.fused,
+                    history_layers=self.tables, halo_bits=int(cfg.pipeline.halo_bits), codec=cfg.pipeline.codec)
         try:
             self.owners = make_owners(cfg.pipeline.engine, self.ctx, self.lg, self.local_feat, self.halo_x,
                                       self.boundary, self.gnn, meta, self.leader, self.halo_path)
