@@ -854,9 +854,10 @@ def test_two_machine_lamp_run_with_the_trainer_engine_and_pushed_gradients(roots
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "ok" and s["engine"] == "trainer" and s["grad"] == "push" and s["codec"] == "absmax", s
-    # better than guessing after one epoch, and the owners' pushed gradients joined DDP's all-reduce
-    # on every trainer alike (bit-identical parameters at the end)
-    assert 1 / s["num_classes"] < s["test"] <= 1.0 and s["params_agree"] is True, s
+    # it learns with the absmax codec: half as much again as guessing after one epoch (0.27 measured;
+    # the same run untrained, train.lr=1e-12, 0.05), and the owners' pushed gradients joined DDP's
+    # all-reduce on every trainer alike (bit-identical parameters at the end)
+    assert 1.5 / s["num_classes"] < s["test"] <= 1.0 and s["params_agree"] is True, s
     cats = s["app_bytes_by_category"]
     assert all(cats.get(k, 0) > 0 for k in ("lamp_request", "lamp_response", "history_sync", "grad_push", "allreduce"))
     assert s["local_bytes_by_category"] == {} and s["rpc_round_trips_per_batch"] == 1.0, s
