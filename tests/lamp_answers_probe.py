@@ -3,7 +3,7 @@ degnn.train (`cluster.entry=tests.lamp_answers_probe`, used by tests/test_lamp.p
 trainers run degnn's own entry; on a trainer, every batch's completion is watched:
 
 * the rows the trainer feeds its top block for remote roots are compared with the owners'
-  answers, dequantized, as the transport handed them over (Owners.answers); what was seen goes
+  answers, decoded by the run's codec, as the transport handed them over (Owners.answers); what was seen goes
   to <run dir>/answers_rank<r>.json;
 * with DEGNN_PROBE_ZERO_ANSWERS=1 those rows are zeroed before training on them (a test-only
   switch, no config key), to compare what a run learns without the owners' answers. On
@@ -23,7 +23,7 @@ def watch(run_dir: str, zero: bool) -> None:
     import torch.distributed as dist
 
     from degnn.pipelines.lamp.pipeline import LAMPPipeline
-    from degnn.pipelines.lamp.quantize import dequantize
+    from degnn.pipelines.lamp.codec import make_codec
 
     seen = {"batches": 0, "rows": 0, "max_abs_diff": 0.0, "answer_abs_sum": 0.0, "zeroed": zero}
     complete = LAMPPipeline._complete
@@ -44,7 +44,7 @@ def watch(run_dir: str, zero: bool) -> None:
         # what the top block must be fed: each owner's answer at its roots' rows
         expect = torch.zeros_like(top_h)
         for r, mask in zip(got["answers"].lamp, b.masks):
-            expect[mask] = dequantize(r.q, self.bits, self.cfg.model.hidden)
+            expect[mask] = make_codec(self.cfg.pipeline.codec, self.cfg.model.hidden, self.bits).decode(r.rows)
         if b.top_rows is not None:
             expect = expect[b.top_rows]
         fed = leaves[-1].detach()

@@ -24,7 +24,7 @@ def trainer(argv) -> int:
     from degnn.pipelines.lamp import service as S
     from degnn.pipelines.lamp.compute import GradRows, HistoryPull, HistoryRows, Roots, Setup, Weights
     from degnn.pipelines.lamp.graph import LocalGraph
-    from degnn.pipelines.lamp.quantize import dequantize, quantize
+    from degnn.pipelines.lamp.codec import make_codec
     from degnn.runtime import services
     from degnn.runtime.compat import strip_local_rank
     from degnn.runtime.context import RunContext
@@ -78,11 +78,12 @@ def trainer(argv) -> int:
     # 2. set up my machine's server: model, 32-bit exact histories, weights
     halo = torch.nonzero(~lg.inner).flatten()
     m = dict(kind=cfg.model.name, in_dim=g.ndata["feat"].shape[1], hidden=hidden, out_dim=5, layers=L,
-             dropout=0.5, heads=cfg.model.heads, fanouts=[-1] * L, bits=32, seed=0, history_layers=L - 2)
+             dropout=0.5, heads=cfg.model.heads, fanouts=[-1] * L, codec="minmax", bits=32, seed=0, history_layers=L - 2)
     reqs = [S.LampSetupRequest(Setup(m, halo, g.ndata["feat"][lg.nid[halo]], torch.nonzero(lg.inner).flatten()))]
+    codec = make_codec("minmax", hidden, 32)
     for layer in range(1, L - 1):  # the histories the owners read: h^(1..L-2)
         reqs.append(S.HistoryPushRequest(HistoryRows.of(layer, torch.arange(lg.num_nodes),
-                                                        ev.outputs[layer - 1][lg.nid], 0, 32)))
+                                                        ev.outputs[layer - 1][lg.nid], 0, codec)))
     state = {k: v for k, v in model.state_dict().items() if not k.startswith(f"layers.{L - 1}.")}
     reqs.append(S.SetWeightsRequest(Weights(1, list(state), list(state.values()))))
     for r in reqs:
@@ -97,7 +98,7 @@ def trainer(argv) -> int:
     out["good_error"] = err
     if res is not None:
         res = res.msg
-        h = dequantize(res.q, 32, hidden)
+        h = codec.decode(res.rows)
         exact = ev.outputs[L - 2][theirs]
         out["answer_rows"] = int(h.shape[0])
         out["max_abs_diff"] = float((h - exact).abs().max())
@@ -105,8 +106,8 @@ def trainer(argv) -> int:
         out["owner_nodes"] = res.counts[0]
         out["ages"] = list(res.ages)
         # 5. grad=push: gradient rows for those roots reach the owner's copy of the lower layers
-        q = quantize(torch.ones(len(theirs), hidden), 32)
-        out["push_error"] = ask(S.GradPushRequest(GradRows(theirs, q.codes, q.scale, q.offset)))[1]
+        rows = codec.encode(torch.ones(len(theirs), hidden))
+        out["push_error"] = ask(S.GradPushRequest(GradRows(theirs, rows)))[1]
         grads, out["pull_error"] = ask(S.GradPullRequest())
         if grads is not None:
             grads = grads.msg

@@ -3,8 +3,8 @@
 growing with the number of layers.
 
 Following one batch takes four files: pipeline.py (`_issue`, `_complete`, `_after_step`) ->
-owners.py (the `Owners` interface and the trainer engine's rounds) or service.py (the graph
-servers' requests) -> compute.py (what an owner does: `Owner.answer`) -> graph.py (the
+owners.py (the trainer engine's rounds, behind engine.py's `Owners` interface) or service.py
+(the graph servers' requests) -> compute.py (what an owner does: `Owner.answer`) -> graph.py (the
 computation graph it builds).
 
 One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
@@ -21,10 +21,10 @@ One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
    server: loopback, no wire).
 2. The leaves of the top block (the seeds' remote neighbours) are *roots*: deduplicated and
    grouped by owner, one ask (compute.Roots) per owner machine, all in flight together: one
-   round per batch (owners.Owners.ask). The owner (compute.Owner.answer) builds the same kind
+   round per batch (engine.Owners.ask). The owner (compute.Owner.answer) builds the same kind
    of graph for layers 1..L-1 below them on its own partition, reads its halo leaves from its
    histories, runs its model replica and answers h^(L-1) of the roots (compute.Rows),
-   quantized to `pipeline.bits`.
+   encoded by the run's codec (codec.py: `pipeline.codec` at `pipeline.bits`).
 3. The trainer runs the L layers through its DDP wrapper; owner answers and history rows are
    constants (`pipeline.grad=stop`, GAS semantics): the gradient flows through the trainer's
    own sub-graph only, and DDP all-reduces it as in distdgl.
@@ -34,7 +34,7 @@ One batch of a trainer (L layers, fan-outs f_0..f_{L-1}, input layer first):
    steps the trainer ships the layers below the top to its own machine's owner (its graph
    server(s), or its own process): every machine has a trainer holding the same DDP weights,
    so owners never need weights from another machine (no wire). Every
-   `halo_sync_steps` steps each machine pulls halo history rows from their owners (quantized as
+   `halo_sync_steps` steps each machine pulls halo history rows from their owners (encoded as
    stored, with their stamps): with `pipeline.sync_budget=r` (default 0.25) as many rows as r x
    the LAMP answer rows its trainer received since the last sync, those refreshed longest ago
    first (a round robin over tables and halo nodes); with `sync_budget=null` every halo row
@@ -59,8 +59,8 @@ evaluator's whole-graph pass, `DistEvaluator.inference(layers)`, computes those 
 for every node; a 2-layer model has no history and skips it). Evaluation is the evaluator's, as
 for distdgl. The halo nodes' features are copied once at set-up, into memory or, with
 `pipeline.halo_store=disk`, into a memory-mapped file the kernel may page out; with
-`pipeline.halo_bits=8` (or 16) they are stored rounded (per-row 8-bit codes, stochastic rounding
-as for the histories), a quarter of the bytes. Histories and halo features serve training only:
+`pipeline.halo_bits=8` (or 16) they are stored rounded by the run's codec (per-row 8-bit codes,
+stochastic rounding as for the histories), a quarter of the bytes. Histories and halo features serve training only:
 they are freed before the final evaluation (`training_done`).
 
 Choices where the paper is silent (docs/background.md, "LAMP (DEGNN)"), and why:
@@ -107,22 +107,24 @@ Choices where the paper is silent (docs/background.md, "LAMP (DEGNN)"), and why:
 * Halo input features are replicated once at setup (counted in `setup_bytes`): block 0 of an
   own node needs its halo neighbours' raw features, and they never change.
 * Quantization with stochastic rounding happens on every write (histories, answers); the
-  halo sync moves stored codes unchanged (no second rounding).
+  halo sync moves stored rows unchanged (no second rounding). One codec (codec.py) encodes
+  every row; everything else holds its rows as one opaque value.
 
 Bytes (ByteCounter categories, only what crosses machines): lamp_request, lamp_response,
 history_sync, allreduce. Loopback traffic to the machine's own server (weights, history push/pull,
 setup) is reported apart in `local_bytes_by_category`: it never reaches the wire counters.
 
 Files: pipeline.py (the trainer's loop: `train_epoch` -> `pipelined` -> `_issue` / `_complete`,
-then `_after_step`; no engine branch: it talks to one `Owners`), owners.py (the `Owners` interface,
-`make_owners`, and engine=trainer's rounds), service.py (engine=server: the graph servers' DGL
-RPC requests, their state, request merging, the trainer's send/receive routing, `ServerOwners`),
-compute.py (the messages, a small dataclass each, and what an owner does with them), graph.py
-(the computation-graph builder, fusion counts and the unfolded graph), halo.py (the halo sync's
-plan and bookkeeping), history.py (the history tables), quantize.py (per-row quantization),
-summary.py (LAMP's summary keys). This package imports nothing heavy itself: graph servers
-import service.py (and through it compute.py, owners.py) before `dgl.distributed.initialize`
-(degnn.runtime.services).
+then `_after_step`; no engine branch: it talks to one `Owners`), engine.py (the `Owners`
+interface, its Ticket and Answers, LampServiceError), owners.py (`make_owners` and engine=trainer's
+rounds), service.py (engine=server: the graph servers' DGL RPC requests, their state, request
+merging, the trainer's send/receive routing, `ServerOwners`), compute.py (the messages, a small
+dataclass each, and what an owner does with them), graph.py (the computation-graph builder, fusion
+counts and the unfolded graph), halo.py (the halo sync's plan and bookkeeping), history.py (the
+history tables), codec.py (how rows are encoded: `pipeline.codec`), quantize.py (the min-max
+quantizer's arithmetic), summary.py (LAMP's summary keys). This package imports nothing heavy
+itself: graph servers import service.py (and through it engine.py, compute.py) before
+`dgl.distributed.initialize` (degnn.runtime.services).
 """
 from __future__ import annotations
 

@@ -6,12 +6,14 @@ nodes and a replica of its halo nodes' features, the quantized histories h^(1..L
 (history.py) and a model replica (eval mode, no dropout: answers stand in for historical
 embeddings, which should be expectations). For the roots a trainer sends it builds the graph of
 layers 1..L-1 below them, reads its halo leaves from the histories, runs the replica, writes
-fresh rows of its boundary nodes back, and answers h^(L-1) of the roots quantized; with
-grad=push it backpropagates gradient rows of its answers into the replica's lower layers.
+fresh rows of its boundary nodes back, and answers h^(L-1) of the roots encoded by the run's
+codec (codec.py); with grad=push it backpropagates gradient rows of its answers into the
+replica's lower layers.
 
 Messages are small dataclasses; both transports carry them unchanged (service.py wraps them in
-DGL RPC requests, owners.py packs them into its rounds). Imports torch and dgl only: graph
-servers import this module through service.py before `dgl.distributed.initialize`.
+DGL RPC requests, owners.py packs them into its rounds). Encoded rows are one field (`rows`, the
+codec's packed value), opaque here. Imports torch and dgl only: graph servers import this module
+through service.py before `dgl.distributed.initialize`.
 """
 from __future__ import annotations
 
@@ -23,25 +25,25 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from degnn.pipelines.lamp.graph import fusion_counts, unfold
+from degnn.pipelines.lamp.codec import Codec, Packed, make_codec
 from degnn.pipelines.lamp.history import History, ages_summary
-from degnn.pipelines.lamp.quantize import QRows, check_bits, dequantize, quantize, row_bytes
 
-
-def _empty() -> torch.Tensor:
-    return torch.empty(0)
+# the field of a message spread on the wire (`flat`): a packed value (a tuple of tensors) or a
+# trailing list of tensors. DGL's RPC sends only a state's top-level tensors as raw buffers
+ROWS = {"spread": tuple}
+TENSORS = {"spread": list}
 
 
 # --- messages --------------------------------------------------------------------------------
 @dataclass
 class Setup:
     """An owner's set-up (to a graph server, from its machine's trainer). meta: dict(kind, in_dim,
-    hidden, out_dim, layers, dropout, heads, fanouts, bits, seed, fusion, history_layers: the
-    history tables kept); halo_ids: local ids of halo nodes, halo_x: their input features (HaloFeatures' table
-    at meta halo_bits);
-    boundary: local ids of own nodes that are halo nodes of other machines (the only own rows
-    anyone reads from the histories); halo_path: where the trainer shares halo_x instead (a file
-    its graph servers map, in the machine's /dev/shm or, with pipeline.halo_store=disk, on disk:
-    `halo_table`; halo_x is then empty)."""
+    hidden, out_dim, layers, dropout, heads, fanouts, codec, bits, seed, fusion, history_layers: the
+    history tables kept, halo_bits); halo_ids: local ids of halo nodes, halo_x: their input
+    features (HaloFeatures' table at meta halo_bits); boundary: local ids of own nodes that are
+    halo nodes of other machines (the only own rows anyone reads from the histories); halo_path:
+    where the trainer shares halo_x instead (a file its graph servers map, in the machine's
+    /dev/shm or, with pipeline.halo_store=disk, on disk: `halo_table`; halo_x is then empty)."""
     meta: dict
     halo_ids: torch.Tensor
     halo_x: torch.Tensor
@@ -55,23 +57,20 @@ class Weights:
     version (the trainer's step)."""
     version: int
     names: List[str]
-    tensors: List[torch.Tensor]
+    tensors: List[torch.Tensor] = field(metadata=TENSORS)
 
 
 @dataclass
 class HistoryRows:
-    """Rows of history `layer` for local ids `ids`, already quantized, with their stamps."""
+    """Rows of history `layer` for local ids `ids`, already encoded, with their stamps."""
     layer: int
     ids: torch.Tensor
-    codes: torch.Tensor
-    scale: torch.Tensor
-    offset: torch.Tensor
+    rows: Packed = field(metadata=ROWS)
     stamp: torch.Tensor
 
     @classmethod
-    def of(cls, layer: int, ids: torch.Tensor, x: torch.Tensor, version: int, bits: int) -> "HistoryRows":
-        q = quantize(x, bits)
-        return cls(layer, ids, q.codes, q.scale, q.offset, torch.full((len(ids),), version, dtype=torch.int64))
+    def of(cls, layer: int, ids: torch.Tensor, x: torch.Tensor, version: int, codec: Codec) -> "HistoryRows":
+        return cls(layer, ids, codec.encode(x), torch.full((len(ids),), version, dtype=torch.int64))
 
 
 @dataclass
@@ -97,35 +96,27 @@ class Roots:
 
 @dataclass
 class Rows:
-    """Quantized rows (codes, scale, offset) and, for history rows, their stamps and which asked
+    """Encoded rows (the codec's packed value) and, for history rows, their stamps and which asked
     rows they are (`sel`, None = all, in order). A LAMP answer also carries the ages of the
     history rows the owner used, the version of the weights it computed with, and `counts` of
     (node, layer) computations (computed, without request fusion, without any fusion: see
     graph.fusion_counts) plus the number of requests that one computation answered. A computation
     shared by several requests reports its ages and counts in one answer only (the others carry
     zeros)."""
-    codes: torch.Tensor = field(default_factory=_empty)
-    scale: torch.Tensor = field(default_factory=_empty)
-    offset: torch.Tensor = field(default_factory=_empty)
+    rows: Packed = field(default=(), metadata=ROWS)
     stamp: Optional[torch.Tensor] = None
     sel: Optional[torch.Tensor] = None
     ages: Tuple[int, int, int] = (0, 0, 0)
     version: int = -1
     counts: Tuple[int, int, int, int] = (0, 0, 0, 0)
 
-    @property
-    def q(self) -> QRows:
-        return QRows(self.codes, self.scale, self.offset)
-
 
 @dataclass
 class GradRows:
     """grad=push: the loss's gradient with respect to the h^(L-1) an owner answered for `roots`
-    (global ids), quantized like the answers."""
+    (global ids), encoded like the answers."""
     roots: torch.Tensor
-    codes: torch.Tensor
-    scale: torch.Tensor
-    offset: torch.Tensor
+    rows: Packed = field(metadata=ROWS)
 
 
 @dataclass
@@ -133,20 +124,30 @@ class Grads:
     """Parameter gradients an owner computed from pushed rows (by name), and how many rows."""
     names: List[str] = field(default_factory=list)
     rows: int = 0
-    tensors: List[torch.Tensor] = field(default_factory=list)
+    tensors: List[torch.Tensor] = field(default_factory=list, metadata=TENSORS)
+
+
+def _spread(cls) -> int:
+    """The position of `cls`'s spread field (ROWS, TENSORS: at most one a message), or -1."""
+    return next((i for i, f in enumerate(fields(cls)) if "spread" in f.metadata), -1)
 
 
 def flat(msg) -> tuple:
-    """A message's fields in order, a trailing `tensors` list spread (DGL's RPC sends the
-    top-level tensors of a tuple as raw buffers)."""
+    """A message's fields in order, its spread field's tensors in its place (DGL's RPC sends the
+    top-level tensors of a tuple as raw buffers: a codec's parts travel as they would as fields of
+    their own)."""
     vals = [getattr(msg, f.name) for f in fields(msg)]
-    return tuple(vals[:-1]) + tuple(vals[-1]) if fields(msg)[-1].name == "tensors" else tuple(vals)
+    i = _spread(type(msg))
+    return tuple(vals) if i < 0 else tuple(vals[:i]) + tuple(vals[i]) + tuple(vals[i + 1:])
 
 
 def unflat(cls, state):
-    """The message of class `cls` from `flat`'s tuple."""
-    n = len(fields(cls))
-    return cls(*state[:n - 1], list(state[n - 1:])) if fields(cls)[-1].name == "tensors" else cls(*state)
+    """The message of class `cls` from `flat`'s tuple (the spread field takes what the others leave)."""
+    i, n = _spread(cls), len(fields(cls))
+    if i < 0:
+        return cls(*state)
+    k = len(state) - (n - 1)
+    return cls(*state[:i], fields(cls)[i].metadata["spread"](state[i:i + k]), *state[i + k:])
 
 
 # --- the computation -------------------------------------------------------------------------
@@ -157,20 +158,20 @@ class HaloFeatures:
     0.5 GB a trainer (own nodes read their features from the KVStore's local partition instead).
     Only halo ids may be looked up.
 
-    `table`: uint8 [rows, row_bytes(dim, bits)], each row a quantized row packed as bytes (codes,
-    then scale and offset as float16: quantize.py); pipeline.halo_bits=32 (the default) keeps the
-    exact float32 features, 16 or 8 a half or about a quarter of their bytes (on the 4M graph's
-    machines 0.5 GB of halo features against 0.14 GB at 8 bits), at the price of rounding the
-    inputs of the bottom layer's halo leaves (stochastically: unbiased, like the histories)."""
+    `table`: uint8 [rows, codec.row_bytes], each row encoded by `codec` (the run's codec at
+    pipeline.halo_bits) as bytes (Codec.to_bytes); halo_bits=32 (the default) keeps the exact
+    float32 features, read in place; 16 or 8 a half or about a quarter of their bytes (on the 4M
+    graph's machines 0.5 GB of halo features against 0.14 GB at 8 bits), at the price of rounding
+    the inputs of the bottom layer's halo leaves (stochastically: unbiased, like the histories)."""
 
-    def __init__(self, ids: torch.Tensor, table: torch.Tensor, num_nodes: int, dim: int, bits: int):
-        if table.dtype == torch.float32 and bits == 32:  # float rows as they are (their bytes)
+    def __init__(self, ids: torch.Tensor, table: torch.Tensor, num_nodes: int, codec: Codec):
+        if table.dtype == torch.float32 and codec.exact:  # float rows as they are (their bytes)
             table = table.contiguous().view(torch.uint8)
-        self.ids, self.table, self.dim, self.bits = ids.long(), table, dim, check_bits(bits)
-        if table.shape != (len(self.ids), row_bytes(dim, bits)) or table.dtype != torch.uint8:
+        self.ids, self.table, self.codec = ids.long(), table, codec
+        if table.shape != (len(self.ids), codec.row_bytes) or table.dtype != torch.uint8:
             raise ValueError(f"halo table of shape {tuple(table.shape)} ({table.dtype}) for {len(self.ids)} rows "
-                             f"of {dim} values at {bits} bits")
-        self.x = table.view(torch.float32) if bits == 32 else None  # float32: rows read as they are
+                             f"of {codec}")
+        self.x = table.view(torch.float32) if codec.exact else None  # float32: rows read as they are
         self.row = torch.full((num_nodes,), -1, dtype=torch.int64)
         self.row[self.ids] = torch.arange(len(self.ids))
 
@@ -179,45 +180,43 @@ class HaloFeatures:
         if self.x is not None:
             self.x[part] = x.float()
             return
-        q = quantize(x, self.bits, generator=generator)
-        n = len(x)
-        self.table[part] = torch.cat([t.contiguous().view(torch.uint8).view(n, -1) for t in q if t.numel()], 1)
+        self.table[part] = self.codec.to_bytes(self.codec.encode(x, generator))
 
     def __getitem__(self, local_ids: torch.Tensor) -> torch.Tensor:
         if self.x is not None:
             return self.x[self.row[local_ids]]
-        b = self.table[self.row[local_ids]]
-        if self.bits == 16:
-            return b.view(torch.float16).float()
-        c = row_bytes(self.dim, self.bits) - 4
-        half = lambda t: t.contiguous().view(torch.float16).flatten()
-        return dequantize(QRows(b[:, :c].contiguous(), half(b[:, c:c + 2]), half(b[:, c + 2:])), self.bits, self.dim)
+        return self.codec.decode(self.codec.from_bytes(self.table[self.row[local_ids]]))
 
 
-def halo_table(rows: int, dim: int, bits: int, where: Optional[str]) -> Tuple[torch.Tensor, str]:
-    """An uninitialised table for `rows` halo nodes' features at `bits` (HaloFeatures' layout), and
-    its path. where: a
+def halo_table(rows: int, codec: Codec, where: Optional[str]) -> Tuple[torch.Tensor, str]:
+    """An uninitialised table for `rows` halo nodes' features encoded by `codec` (HaloFeatures'
+    layout), and its path. where: a
     directory for a file the table maps (shared with the processes that map it too,
     `map_halo_table`): /dev/shm for the machine's graph servers with engine=server (the machine
     then holds one copy, not one per process: 0.5 GB on bench=scale's 4M graph), a disk directory
     for pipeline.halo_store=disk (pages the kernel may drop under memory pressure and re-read);
     None: in this process's memory, path ''. The caller unlinks the file once it is mapped
     everywhere (the mappings keep it)."""
-    width = row_bytes(dim, bits)
-    if where is None or rows * dim == 0:
+    width = codec.row_bytes
+    if where is None or rows * codec.dim == 0:
         return torch.empty(rows, width, dtype=torch.uint8), ""
     fd, path = tempfile.mkstemp(prefix="degnn-lamp-halo-", dir=where)
     try:
         os.ftruncate(fd, rows * width)
     finally:
         os.close(fd)
-    return map_halo_table(path, rows, dim, bits), path
+    return map_halo_table(path, rows, codec), path
 
 
-def map_halo_table(path: str, rows: int, dim: int, bits: int) -> torch.Tensor:
+def map_halo_table(path: str, rows: int, codec: Codec) -> torch.Tensor:
     """The halo table a trainer shared at `path` (halo_table), mapped, not copied."""
-    width = row_bytes(dim, bits)
+    width = codec.row_bytes
     return torch.from_file(path, shared=True, size=rows * width, dtype=torch.uint8).view(rows, width)
+
+
+def row_codec(meta: dict) -> Codec:
+    """The codec of an owner's hidden-state rows (histories, answers, pushed gradients)."""
+    return make_codec(meta["codec"], meta["hidden"], meta["bits"])
 
 
 def owned_local_ids(pb, gids: torch.Tensor, what: str) -> torch.Tensor:
@@ -268,22 +267,22 @@ def prepare(lg, model, feat, halo_x, history, roots_local, fanouts, version: int
 def history_rows(history: History, pull: HistoryPull, pb=None) -> Rows:
     """The answer to `pull` from `history`; `pb`, the partition book, is needed for global ids."""
     ids = owned_local_ids(pb, pull.ids, "HistoryPull global ids") if pull.global_ids else pull.ids.long()
+    codec = history.codec
     parts, stamps, sels, start = [], [], [], 0
     shared = len(pull.counts) == 0  # the same ids for every layer (the halo sync)
     for layer, n in zip(pull.layers, [len(ids)] * len(pull.layers) if shared else pull.counts):
         chunk = ids if shared else ids[start:start + n]
-        q, stamp = history.pull_codes(layer, chunk)
+        rows, stamp = history.pull_packed(layer, chunk)
         if pull.since >= 0:
             keep = torch.nonzero(stamp > pull.since).flatten()
-            q, stamp = QRows(*(t[keep] if len(t) else t for t in q)), stamp[keep]
+            rows, stamp = codec.take(rows, keep), stamp[keep]
             sels.append(keep + start)
-        parts.append(q)
+        parts.append(rows)
         stamps.append(stamp)
         start += n
     if not shared and start != len(ids):
         raise ValueError(f"HistoryPull: counts add up to {start}, got {len(ids)} ids")
-    cat = [torch.cat([p[i] for p in parts]) if parts else torch.empty(0) for i in range(3)]
-    return Rows(cat[0], cat[1], cat[2], torch.cat(stamps) if stamps else None, torch.cat(sels) if sels else None)
+    return Rows(codec.cat(parts), torch.cat(stamps) if stamps else None, torch.cat(sels) if sels else None)
 
 
 class Owner:
@@ -294,6 +293,7 @@ class Owner:
         self.lg, self.feat, self.halo_x, self.boundary, self.meta = lg, feat, halo_x, boundary, meta
         self.model = model.eval()
         self.history = history
+        self.codec = history.codec
         self.version = -1
         self.gen = torch.Generator().manual_seed(int(meta.get("seed", 0)))
         self.grads: Dict[str, torch.Tensor] = {}  # grad=push: from pushed rows, not yet taken
@@ -308,11 +308,10 @@ class Owner:
         model = GNN(m["kind"], m["in_dim"], m["hidden"], m["out_dim"], m["layers"], m["dropout"], m["heads"])
         # h^(1..L-2): the layers read as leaves (the top hidden layer, h^(L-1), is prepared fresh
         # by the owners, so its history is kept only with pipeline.roots=histories)
-        history = History(lg.num_nodes, m["hidden"], m["history_layers"], m["bits"])
-        bits = int(m.get("halo_bits", 32))
-        x = (map_halo_table(setup.halo_path, len(setup.halo_ids), m["in_dim"], bits) if setup.halo_path
-             else setup.halo_x)
-        halo_x = HaloFeatures(setup.halo_ids, x, lg.num_nodes, m["in_dim"], bits)
+        history = History(lg.num_nodes, m["history_layers"], row_codec(m))
+        codec = make_codec(m["codec"], m["in_dim"], int(m.get("halo_bits", 32)))
+        x = map_halo_table(setup.halo_path, len(setup.halo_ids), codec) if setup.halo_path else setup.halo_x
+        halo_x = HaloFeatures(setup.halo_ids, x, lg.num_nodes, codec)
         boundary = torch.zeros(lg.num_nodes, dtype=torch.bool)
         boundary[setup.boundary.long()] = True
         return cls(lg, feat, halo_x, boundary, model, dict(m), history)
@@ -332,8 +331,7 @@ class Owner:
         self.version = max(self.version, int(w.version))
 
     def store(self, rows: HistoryRows) -> None:
-        self.history.push_codes(rows.layer, rows.ids.long(), QRows(rows.codes, rows.scale, rows.offset),
-                                rows.stamp.long())
+        self.history.push_packed(rows.layer, rows.ids.long(), rows.rows, rows.stamp.long())
 
     def rows(self, pull: HistoryPull, pb=None) -> Rows:
         return history_rows(self.history, pull, pb)
@@ -341,7 +339,7 @@ class Owner:
     @torch.no_grad()
     def answer(self, groups: List[torch.Tensor]) -> List[Rows]:
         """The answers to LAMP asks merged into one computation graph (`groups`: each ask's roots,
-        local ids; level-1 fusion): h^(L-1) of each ask's roots, quantized. The first answer
+        local ids; level-1 fusion): h^(L-1) of each ask's roots, encoded. The first answer
         carries the ages of the history rows used and the counts; the computation they share
         reports them once."""
         self.check_weights()
@@ -354,8 +352,7 @@ class Owner:
                                   fusion=self.meta.get("fusion", True), groups=split)
         out = []
         for i, idx in enumerate(split):
-            q = quantize(h[idx], self.meta["bits"], generator=self.gen)
-            out.append(Rows(q.codes, q.scale, q.offset, version=self.version,
+            out.append(Rows(self.codec.encode(h[idx], self.gen), version=self.version,
                             ages=ages_summary(ages) if i == 0 else (0, 0, 0),
                             counts=tuple(counts) + (len(groups),) if i == 0 else (0, 0, 0, 0)))
         return out
@@ -366,7 +363,7 @@ class Owner:
         the roots (owners keep no per-request autograd state), by parameter name."""
         m = self.meta
         roots = owned_local_ids(pb, push.roots, "pushed gradient rows' roots")
-        grad_rows = dequantize(QRows(push.codes, push.scale, push.offset), m["bits"], m["hidden"])
+        grad_rows = self.codec.decode(push.rows)
         top = f"layers.{m['layers'] - 1}."
         params = [(n, p) for n, p in self.model.named_parameters() if not n.startswith(top)]
         with torch.enable_grad():

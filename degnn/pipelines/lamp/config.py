@@ -13,7 +13,11 @@ class LAMPConfig(PipelineConfig):
     refused before anything starts (degnn.pipelines.typed_config)."""
 
     name: str = "lamp"
-    # quantization of historical embeddings and of the owners' answers: 32 | 16 | 8 | 4 | 2
+    # how hidden-state rows (historical embeddings, the owners' answers, pushed gradient rows) and
+    # the halo features are encoded (degnn/pipelines/lamp/codec.py): minmax (per-row min-max codes,
+    # float16 scale and offset) | absmax (symmetric per-row codes, a float16 scale)
+    codec: str = "minmax"
+    # their precision: 32 (float32) | 16 (float16) | 8 | 4 | 2 (codes of that many bits)
     bits: int = 8
     # halo history rows are refreshed from their owners every this many steps
     halo_sync_steps: int = 10
@@ -51,7 +55,7 @@ class LAMPConfig(PipelineConfig):
     # kernel keeps the rows it reads in the page cache and may drop them when the machine is short
     # of memory, re-reading them from disk; for machines smaller than what LAMP keeps)
     halo_store: str = "memory"
-    # the halo nodes' features as stored: 32 (float32, exact), 16 (float16) or 8 (per-row 8-bit
-    # codes, stochastically rounded like the histories: about a quarter of the bytes, for machines
-    # short of memory; only the bottom layer's halo leaves read them)
+    # the halo nodes' features as stored (by pipeline.codec): 32 (float32, exact), 16 (float16) or
+    # 8 (per-row 8-bit codes, stochastically rounded like the histories: about a quarter of the
+    # bytes, for machines short of memory; only the bottom layer's halo leaves read them)
     halo_bits: int = 32

@@ -13,14 +13,15 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from degnn.pipelines.lamp.codec import Codec
 from degnn.pipelines.lamp.compute import HistoryPull, HistoryRows, Rows
 from degnn.pipelines.lamp.history import oldest_first
 
 
 class HaloSync:
-    def __init__(self, lg, pb, tables: int, seed: int, budget: Optional[float], since_margin: int):
+    def __init__(self, lg, pb, tables: int, seed: int, budget: Optional[float], since_margin: int, codec: Codec):
         """`tables`: the history tables h^(1..tables) kept for the halo nodes (L-2, or L-1 with
-        pipeline.roots=histories)."""
+        pipeline.roots=histories); `codec`: their rows' (codec.py)."""
         halo = torch.nonzero(~lg.inner).flatten()
         self.local, self.gid = halo, lg.nid[halo]
         self.owner = pb.nid2partid(self.gid)
@@ -30,7 +31,7 @@ class HaloSync:
         self.refreshed = torch.zeros(tables, len(halo), dtype=torch.int64)
         self.tables = list(range(1, tables + 1))
         self.rng = torch.Generator().manual_seed(seed)
-        self.budget, self.since_margin = budget, since_margin
+        self.budget, self.since_margin, self.codec = budget, since_margin, codec
         self.roots_at_sync = 0
         self.last_sync = 0
         self.rows = 0  # halo rows stored
@@ -72,27 +73,27 @@ class HaloSync:
         `newest`: several answerers a machine, so a node may come from several: keep its newest row."""
         asks, plan = self.pending
         self.pending = None
-        rows: Dict[int, list] = {}  # table index -> [(halo positions, codes, scale, offset, stamps)]
+        codec = self.codec
+        rows: Dict[int, list] = {}  # table index -> [(halo positions, packed rows, stamps)]
         for (a, pull), (table, pos) in zip(asks, plan):
             r = answers[a]
             # an answer lists the rows asked for in order, or (since >= 0) those at positions `sel`
             sel = r.sel if pull.since >= 0 else torch.arange(len(pos))
             for t in torch.unique(table[sel]).tolist():
                 idx = torch.nonzero(table[sel] == t).flatten()
-                rows.setdefault(t, []).append((pos[sel[idx]], r.codes[idx], r.scale[idx] if len(r.scale) else r.scale,
-                                               r.offset[idx] if len(r.offset) else r.offset, r.stamp[idx]))
+                rows.setdefault(t, []).append((pos[sel[idx]], codec.take(r.rows, idx), r.stamp[idx]))
         out = []
         for t, parts in rows.items():
-            pos, codes, scale, offset, stamp = (torch.cat([p[j] for p in parts]) for j in range(5))
+            pos, stamp = (torch.cat([p[j] for p in parts]) for j in (0, 2))
+            packed = codec.cat([p[1] for p in parts])
             if newest:
                 order = torch.argsort(stamp, descending=True, stable=True)
                 uniq, inv = torch.unique(pos[order], return_inverse=True)
                 first = torch.full((len(uniq),), len(inv), dtype=torch.int64).scatter_reduce(
                     0, inv, torch.arange(len(inv)), "amin")
                 keep = order[first]
-                pos, stamp = pos[keep], stamp[keep]
-                codes, scale, offset = (x[keep] if len(x) else x for x in (codes, scale, offset))
+                pos, stamp, packed = pos[keep], stamp[keep], codec.take(packed, keep)
             self.refreshed[t, pos] = step
             self.rows += len(pos)
-            out.append(HistoryRows(t + 1, self.local[pos], codes, scale, offset, stamp))
+            out.append(HistoryRows(t + 1, self.local[pos], packed, stamp))
         return out

@@ -4,10 +4,11 @@ remote node is always prepared fresh by its owner (that is LAMP's answer), so on
 are ever read, and only those are kept, pushed and synchronised (none for a 2-layer model);
 with pipeline.roots=histories (the ablation) the roots read h^(L-1) from here, so it is kept too.
 
-Like pyg_autoscale's ``History``: ``push`` writes rows (quantized with stochastic rounding, stamped
-with the model version that computed them), ``pull`` reads them back as float32 with their age
-(now - stamp, in training steps). ``push_codes`` / ``pull_codes`` move already-quantized rows
-unchanged, for the halo sync between machines (the owner's stamp travels with the row).
+Like pyg_autoscale's ``History``: ``push`` writes rows (encoded by the run's codec, codec.py:
+quantized with stochastic rounding by default, stamped with the model version that computed
+them), ``pull`` reads them back as float32 with their age (now - stamp, in training steps).
+``push_packed`` / ``pull_packed`` move already-encoded rows unchanged, for the halo sync between
+machines (the owner's stamp travels with the row).
 
 Where the tables live: in the graph server process of each machine, as state set by requests
 (degnn/pipelines/lamp/service.py), not as a DistTensor in the KVStore. The reason: the reader that
@@ -24,18 +25,17 @@ from typing import List, Tuple
 
 import torch
 
-from degnn.pipelines.lamp.quantize import QRows, check_bits, dequantize, quantize, row_bytes
+from degnn.pipelines.lamp.codec import Codec, Packed
 
 
 class History:
-    def __init__(self, num_nodes: int, dim: int, layers: int, bits: int):
-        """`layers` tables (hidden layers 1..layers) of `num_nodes` rows of `dim` values."""
-        self.num_nodes, self.dim, self.layers, self.bits = num_nodes, dim, layers, check_bits(bits)
-        proto = quantize(torch.zeros(1, dim), bits)
-        self.codes = [torch.zeros((num_nodes,) + proto.codes.shape[1:], dtype=proto.codes.dtype)
-                      for _ in range(layers)]
-        self.scale = [torch.zeros(num_nodes if bits < 16 else 0, dtype=torch.float16) for _ in range(layers)]
-        self.offset = [torch.zeros(num_nodes if bits < 16 else 0, dtype=torch.float16) for _ in range(layers)]
+    def __init__(self, num_nodes: int, layers: int, codec: Codec):
+        """`layers` tables (hidden layers 1..layers) of `num_nodes` rows of `codec.dim` values."""
+        self.num_nodes, self.dim, self.layers, self.codec = num_nodes, codec.dim, layers, codec
+        # (one zero row encoded with the global random stream, as the tables' prototype was
+        # before the codec: fixed-seed runs draw the same numbers as they did)
+        codec.encode(torch.zeros(1, codec.dim))
+        self.rows = [codec.table(num_nodes) for _ in range(layers)]
         self.stamp = [torch.full((num_nodes,), -1, dtype=torch.int64) for _ in range(layers)]
 
     def _t(self, layer: int) -> int:
@@ -45,32 +45,26 @@ class History:
 
     # --- float rows ----------------------------------------------------------------------------
     def push(self, layer: int, ids: torch.Tensor, x: torch.Tensor, version: int) -> None:
-        self.push_codes(layer, ids, quantize(x, self.bits), torch.full((len(ids),), version, dtype=torch.int64))
+        self.push_packed(layer, ids, self.codec.encode(x), torch.full((len(ids),), version, dtype=torch.int64))
 
     def pull(self, layer: int, ids: torch.Tensor, now: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """(rows as float32 [len(ids), dim], age of each row in steps). Rows never written read as
         zeros with age `now + 1`."""
-        q, stamp = self.pull_codes(layer, ids)
-        return dequantize(q, self.bits, self.dim), now - stamp
+        rows, stamp = self.pull_packed(layer, ids)
+        return self.codec.decode(rows), now - stamp
 
-    # --- quantized rows, unchanged (halo sync) -------------------------------------------------
-    def push_codes(self, layer: int, ids: torch.Tensor, q: QRows, stamp: torch.Tensor) -> None:
+    # --- encoded rows, unchanged (halo sync) ---------------------------------------------------
+    def push_packed(self, layer: int, ids: torch.Tensor, rows: Packed, stamp: torch.Tensor) -> None:
         t = self._t(layer)
-        self.codes[t][ids] = q.codes
-        if self.bits < 16:
-            self.scale[t][ids] = q.scale
-            self.offset[t][ids] = q.offset
+        self.codec.put(self.rows[t], ids, rows)
         self.stamp[t][ids] = stamp
 
-    def pull_codes(self, layer: int, ids: torch.Tensor) -> Tuple[QRows, torch.Tensor]:
+    def pull_packed(self, layer: int, ids: torch.Tensor) -> Tuple[Packed, torch.Tensor]:
         t = self._t(layer)
-        empty = torch.empty(0, dtype=torch.float16)
-        q = QRows(self.codes[t][ids], self.scale[t][ids] if self.bits < 16 else empty,
-                  self.offset[t][ids] if self.bits < 16 else empty)
-        return q, self.stamp[t][ids]
+        return self.codec.take(self.rows[t], ids), self.stamp[t][ids]
 
     def nbytes(self) -> int:
-        return self.layers * self.num_nodes * (row_bytes(self.dim, self.bits) + 8)
+        return self.layers * self.num_nodes * (self.codec.row_bytes + 8)
 
 
 def ages_summary(ages: List[torch.Tensor]) -> Tuple[int, int, int]:

@@ -7,6 +7,8 @@ interface (`Owners`), chosen once at setup (`make_owners`, `pipeline.engine`):
   torch.distributed;
 * `ServerOwners` (engine=server, service.py): DGL's graph servers are the owners, asked over
   DGL RPC (one server of the owner machine per LAMP ask; several trainers a machine possible).
+The interface and what it hands back (Ticket, Answers, LampServiceError) are in engine.py, which
+both engines' files import; only `make_owners` here imports service.py (no file imports back).
 
 Every message is a compute.py dataclass, whatever the engine. Wire bytes are counted by the
 owners into the run's ByteCounter (lamp_request, lamp_response, history_sync, grad_push);
@@ -41,7 +43,6 @@ import threading
 import traceback
 from collections import Counter
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -49,100 +50,10 @@ import torch
 import torch.distributed as dist
 
 from degnn.pipelines.lamp.compute import (Grads, GradRows, HistoryPull, HistoryRows, Owner, Roots, Rows, Weights,
-                                          flat, owned_local_ids, unflat)
+                                          flat, owned_local_ids, row_codec, unflat)
+from degnn.pipelines.lamp.engine import Answers, LampServiceError, Owners, Ticket
 from degnn.pipelines.lamp.graph import LocalGraph
 from degnn.pipelines.lamp.history import History
-
-
-@dataclass
-class Ticket:
-    """One batch's asks in flight, from `ask` to `answers`: (answerer, Roots) per owner machine,
-    the transport's handle, and the history rows of this machine that the batch's middle
-    blocks read (`ask_local`: the request, and its answer when it is read in-process)."""
-    asks: List[Tuple[int, Roots]]
-    pending: object
-    pull: Optional[HistoryPull] = None
-    pull_rows: Optional[Rows] = None
-
-
-class Answers(NamedTuple):
-    lamp: List[Rows]                 # one per ask, in order
-    pull: Optional[Rows]             # the middle blocks' history rows
-    halo: Optional[Dict[int, Rows]]  # halo-sync answers that came back with them, by answerer
-
-
-class Owners:
-    """What a trainer asks of the owners. Methods send without waiting unless they say so; what
-    they leave in flight is collected by `answers`, `halo_answers`, `owner_grads` and `drain`."""
-
-    def __init__(self, counter):
-        self.counter = counter
-        self.local_bytes: Dict[str, int] = {}  # loopback traffic by category (never on the wire)
-        self.rounds = 0  # round trips to other machines
-
-    def answerers(self, machine: int) -> List[int]:
-        """Who answers for `machine` (its graph servers, or its trainer)."""
-        raise NotImplementedError
-
-    def pick(self, machine: int) -> int:
-        """The answerer of a LAMP ask to `machine`, drawn at random."""
-        ids = self.answerers(machine)
-        return ids[torch.randint(len(ids), (1,)).item()]
-
-    def init_history(self, rows: List[HistoryRows]) -> None:
-        """This machine's histories at setup (waits)."""
-        raise NotImplementedError
-
-    def release(self) -> None:
-        """Training is over: free the histories and halo features held in this process (the
-        graph servers' owners, engine=server, keep theirs until they stop)."""
-
-    def ship_weights(self, w: Weights, wait: bool) -> None:
-        """The weights this machine's owners compute with from now on."""
-        raise NotImplementedError
-
-    def ask(self, asks: List[Tuple[int, Roots]]) -> Ticket:
-        """Send a batch's roots, one ask per owner machine."""
-        raise NotImplementedError
-
-    def ask_local(self, ticket: Ticket, pull: HistoryPull) -> None:
-        """Add this machine's history rows for the batch's middle blocks to `ticket`."""
-        raise NotImplementedError
-
-    def answers(self, ticket: Ticket) -> Answers:
-        """Wait for a batch's answers."""
-        raise NotImplementedError
-
-    def push_history(self, rows: List[HistoryRows]) -> None:
-        """Fresh rows of this machine's own nodes into its histories."""
-        raise NotImplementedError
-
-    def sync_halo(self, asks: List[Tuple[int, HistoryPull]]) -> None:
-        """Ask owners for halo rows: (answerer, pull) each (answered by `halo_answers`, or with a
-        later batch's `answers`)."""
-        raise NotImplementedError
-
-    def halo_answers(self) -> Optional[Dict[int, Rows]]:
-        """The halo sync's answers when they come apart from the batches' (waits), else None."""
-        return None
-
-    def store_halo(self, rows: List[HistoryRows]) -> None:
-        """Synced halo rows into this machine's histories."""
-        raise NotImplementedError
-
-    def push_grads(self, pushes: List[Tuple[int, GradRows]]) -> None:
-        """grad=push: gradient rows of answers, to their answerers."""
-        raise NotImplementedError
-
-    def ask_owner_grads(self) -> None:
-        """grad=push: ask for the parameter gradients this machine's owners computed from pushed rows."""
-
-    def owner_grads(self) -> List[Grads]:
-        """Those gradients (waits for what `ask_owner_grads` asked)."""
-        raise NotImplementedError
-
-    def drain(self) -> None:
-        """Wait for every acknowledgement still in flight."""
 
 
 def make_owners(engine: str, ctx, lg, feat, halo_x, boundary, model, meta: dict, leader: bool,
@@ -174,10 +85,6 @@ ANSWER_CATEGORY = {"lamp": "lamp_response", "sync": "history_sync", "pull": "his
 ASKED = {"lamp": Roots, "sync": HistoryPull, "pull": HistoryPull}
 ANSWERED = {"lamp": Rows, "sync": Rows, "pull": Rows}
 LISTS = {"grad": GradRows, "push": HistoryRows}
-
-
-class LampServiceError(RuntimeError):
-    """An owner failed to answer (the owner keeps running)."""
 
 
 def _pack(obj) -> bytes:
@@ -224,13 +131,13 @@ class LockedHistory(History):
         super().__init__(*args)
         self.lock = threading.Lock()
 
-    def push_codes(self, layer, ids, q, stamp):
+    def push_packed(self, layer, ids, rows, stamp):
         with self.lock:
-            super().push_codes(layer, ids, q, stamp)
+            super().push_packed(layer, ids, rows, stamp)
 
-    def pull_codes(self, layer, ids):
+    def pull_packed(self, layer, ids):
         with self.lock:
-            return super().pull_codes(layer, ids)
+            return super().pull_packed(layer, ids)
 
 
 class RoundResult(NamedTuple):
@@ -255,7 +162,7 @@ class TrainerOwners(Owners):
         self.home = owner_rank[pb.partid]  # this machine's owner
         self.owner: Optional[Owner] = None
         if self.home == rank:
-            history = LockedHistory(lg.num_nodes, meta["hidden"], meta["history_layers"], meta["bits"])
+            history = LockedHistory(lg.num_nodes, meta["history_layers"], row_codec(meta))
             # its own LocalGraph over the same arrays: the builder's scratch is not for two threads
             self.owner = Owner(LocalGraph(lg.indptr, lg.indices, lg.inner, lg.nid), feat, halo_x, boundary,
                                copy.deepcopy(model), meta, history)

@@ -15,6 +15,7 @@ from degnn.metrics import ring_allreduce_bytes, timed_allreduce_hook
 from degnn.pipelines.base import Pipeline
 from degnn.runtime.device import to_device
 from degnn.runtime.own_rows import own_rows
+from degnn.pipelines.lamp.codec import make_codec
 from degnn.pipelines.lamp.config import LAMPConfig
 from degnn.pipelines.lamp.compute import (GradRows, HaloFeatures, HistoryPull, HistoryRows, Roots, Weights, add_grads,
                                           halo_table)
@@ -22,7 +23,6 @@ from degnn.pipelines.lamp.graph import CompGraph, LocalGraph, fusion_counts, unf
 from degnn.pipelines.lamp.halo import HaloSync
 from degnn.pipelines.lamp.history import ages_summary
 from degnn.pipelines.lamp.owners import Ticket, make_owners
-from degnn.pipelines.lamp.quantize import check_bits, dequantize, quantize
 from degnn.pipelines.lamp.summary import LAMPSummary, lamp_summary
 
 GRAD_MODES = ("stop", "push")
@@ -63,7 +63,7 @@ class LampNet(nn.Module):
 
 
 def check_lamp_config(pcfg, model_cfg) -> None:
-    check_bits(int(pcfg.bits))
+    make_codec(pcfg.codec, 1, int(pcfg.bits))  # a known codec, and bits it encodes
     if int(pcfg.halo_bits) not in (32, 16, 8):
         raise ValueError(f"pipeline.halo_bits={pcfg.halo_bits}: choose 32 (the halo nodes' features exact), 16 or 8 "
                          f"(rounded, for machines short of memory)")
@@ -145,6 +145,7 @@ class LAMPPipeline(Pipeline):
         cfg, pcfg = self.cfg, self.cfg.pipeline
         check_lamp_config(pcfg, cfg.model)
         self.bits, self.L = int(pcfg.bits), int(cfg.model.layers)
+        self.codec = make_codec(pcfg.codec, cfg.model.hidden, self.bits)  # encodes every hidden-state row
         self.fanouts = [int(f) for f in cfg.model.fanouts]
         self.prefetch, self.fused, self.push = int(pcfg.prefetch), bool(pcfg.fusion), pcfg.grad == "push"
         # roots=histories: the top block's leaves read history h^(L-1) too, so one more table
@@ -206,7 +207,7 @@ class LAMPPipeline(Pipeline):
         # labels by local id too: no DGL RPC may run while LAMP answers are in flight (service.receive)
         self.local_label = self.task.own_labels(g, self.pb, own)
         self.halo = HaloSync(self.lg, self.pb, self.tables, int(cfg.train.seed) + self.ctx.rank, cfg.pipeline.sync_budget,
-                             int(cfg.pipeline.weight_sync_steps) + self.prefetch)
+                             int(cfg.pipeline.weight_sync_steps) + self.prefetch, self.codec)
         self.halo_x = self._copy_halo(g.ndata["feat"])
         self.setup_bytes = (len(self.halo.gid) * (8 + self.in_dim * 4)) if self.leader else 0
         self.boundary = self._boundary()
@@ -219,9 +220,9 @@ class LAMPPipeline(Pipeline):
         pcfg = self.cfg.pipeline
         shared = self.leader and pcfg.engine == "server"
         where = tempfile.gettempdir() if pcfg.halo_store == "disk" else ("/dev/shm" if shared else None)
-        bits = int(pcfg.halo_bits)
-        table, path = halo_table(len(self.halo.gid), self.in_dim, bits, where)
-        x = HaloFeatures(self.halo.local, table, self.lg.num_nodes, self.in_dim, bits)
+        codec = make_codec(pcfg.codec, self.in_dim, int(pcfg.halo_bits))
+        table, path = halo_table(len(self.halo.gid), codec, where)
+        x = HaloFeatures(self.halo.local, table, self.lg.num_nodes, codec)
         gen = torch.Generator().manual_seed(int(self.cfg.train.seed) + self.ctx.rank)  # stochastic rounding
         for part in chunks(len(self.halo.gid), self.in_dim * 4, self.chunk_bytes):
             x.write(part, feat[self.halo.gid[part]].float(), gen)
@@ -260,7 +261,7 @@ class LAMPPipeline(Pipeline):
         meta = dict(kind=cfg.model.name, in_dim=self.in_dim, hidden=cfg.model.hidden, out_dim=self.out_dim,
                     layers=self.L, dropout=float(cfg.model.dropout), heads=cfg.model.heads,
                     fanouts=self.fanouts, bits=self.bits, seed=int(cfg.train.seed) + self.me, fusion=self.fused,
-                    history_layers=self.tables, halo_bits=int(cfg.pipeline.halo_bits))
+                    history_layers=self.tables, halo_bits=int(cfg.pipeline.halo_bits), codec=cfg.pipeline.codec)
         try:
             self.owners = make_owners(cfg.pipeline.engine, self.ctx, self.lg, self.local_feat, self.halo_x,
                                       self.boundary, self.gnn, meta, self.leader, self.halo_path)
@@ -286,7 +287,7 @@ class LAMPPipeline(Pipeline):
             self.setup_bytes += int((~self.lg.inner).sum()) * (8 + dim * 4)
             for part in chunks(self.lg.num_nodes, dim * 4, self.chunk_bytes):
                 ids = torch.arange(part.start, part.stop)
-                self.owners.init_history([HistoryRows.of(layer, ids, out[self.lg.nid[part]].float(), 0, self.bits)])
+                self.owners.init_history([HistoryRows.of(layer, ids, out[self.lg.nid[part]].float(), 0, self.codec)])
         self.evaluator.release()  # every trainer: collective
 
     def _ship_weights(self, wait: bool) -> None:
@@ -350,11 +351,11 @@ class LAMPPipeline(Pipeline):
         hidden = self.cfg.model.hidden
         top_h = torch.zeros(len(b.top_gid), hidden)
         for r, mask in zip(got.lamp, b.masks):
-            top_h[mask] = dequantize(r.q, self.bits, hidden)
+            top_h[mask] = self.codec.decode(r.rows)
             self._count_answer(r)
         leaves = [b.x_leaves]
         if got.pull is not None:
-            rows = dequantize(got.pull.q, self.bits, hidden)
+            rows = self.codec.decode(got.pull.rows)
             self._count_ages(ages_summary([self.step_no - got.pull.stamp]))
             parts = list(torch.split(rows, b.ticket.pull.counts))
             if self.from_histories:
@@ -440,7 +441,7 @@ class LAMPPipeline(Pipeline):
         for k, h in enumerate(hidden[:self.tables]):  # fresh h^(1..L-2) (or L-1) of the batch's boundary nodes
             keep = self.boundary[cg.dst[k]]
             if bool(keep.any()):
-                pushes.append(HistoryRows.of(k + 1, cg.dst[k][keep], h[keep], self.step_no, self.bits))
+                pushes.append(HistoryRows.of(k + 1, cg.dst[k][keep], h[keep], self.step_no, self.codec))
         self.owners.push_history(pushes)
         self.step_no += 1
         if self.step_no % pcfg.weight_sync_steps == 0:
@@ -454,14 +455,13 @@ class LAMPPipeline(Pipeline):
             self._drain_background()
 
     def _push_grads(self, b: Batch, grad: Optional[torch.Tensor]) -> None:
-        """grad=push: each owner gets the gradient rows of the roots it answered (quantized like
+        """grad=push: each owner gets the gradient rows of the roots it answered (encoded like
         the answers)."""
         if grad is None:
             return
         pushes = []
         for (answerer, ask), mask in zip(b.ticket.asks, b.masks):
-            q = quantize(grad[mask], self.bits)
-            pushes.append((answerer, GradRows(ask.roots, q.codes, q.scale, q.offset)))
+            pushes.append((answerer, GradRows(ask.roots, self.codec.encode(grad[mask]))))
         self.owners.push_grads(pushes)
         self.stats["grad_rows"] += len(grad)
 

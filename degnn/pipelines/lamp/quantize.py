@@ -62,7 +62,7 @@ def _half_step(h: torch.Tensor, up: bool) -> torch.Tensor:
     return nxt.to(torch.int16).view(torch.float16)
 
 
-def _round_half(x: torch.Tensor, up: bool) -> torch.Tensor:
+def round_half(x: torch.Tensor, up: bool) -> torch.Tensor:
     """x (float32) rounded to float16 toward +inf (up) or -inf (down)."""
     h = x.clamp(-60000.0, 60000.0).to(torch.float16)
     wrong = (h.float() < x) if up else (h.float() > x)
@@ -85,8 +85,8 @@ def quantize(x: torch.Tensor, bits: int, stochastic: bool = True,
     if n == 0:
         return QRows(torch.empty(0, -(-dim // (8 // bits)), dtype=torch.uint8), empty, empty)
     lo, hi = x.min(1).values, x.max(1).values
-    offset = _round_half(lo, up=False)
-    scale = _round_half((hi - offset.float()) / levels, up=True)
+    offset = round_half(lo, up=False)
+    scale = round_half((hi - offset.float()) / levels, up=True)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # constant rows: every code 0
     v = (x - offset.float()[:, None]) / scale.float()[:, None]
     if stochastic:
@@ -94,34 +94,39 @@ def quantize(x: torch.Tensor, bits: int, stochastic: bool = True,
     else:
         v = torch.round(v)
     q = v.clamp_(0, levels).to(torch.uint8)
+    return QRows(pack_codes(q, bits), scale, offset)
+
+
+def pack_codes(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 codes [n, dim] of `bits` bits each, packed 8 // bits to a byte (the first code in the
+    low bits; a row padded with zero codes to whole bytes): [n, ceil(dim / (8 // bits))]."""
     per = 8 // bits
     if per > 1:
+        n, dim = q.shape
         pad = (-dim) % per
         if pad:
             q = torch.cat([q, torch.zeros(n, pad, dtype=torch.uint8)], 1)
-        q = q.view(n, -1, per)
-        shifts = torch.arange(per, dtype=torch.uint8) * bits
-        q = _pack(q, shifts)
-    return QRows(q.contiguous(), scale, offset)
+        q = q.view(n, (dim + pad) // per, per)
+        out = torch.zeros(q.shape[:2], dtype=torch.uint8)
+        for j in range(per):
+            out |= q[:, :, j] << (j * bits)
+        q = out
+    return q.contiguous()
 
 
-def _pack(q: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros(q.shape[:2], dtype=torch.uint8)
-    for j in range(q.shape[2]):
-        out |= q[:, :, j] << int(shifts[j])
-    return out
+def unpack_codes(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """pack_codes undone: uint8 codes [n, dim]."""
+    per = 8 // bits
+    if per == 1:
+        return codes
+    mask = (1 << bits) - 1
+    parts = [(codes >> (j * bits)) & mask for j in range(per)]
+    return torch.stack(parts, 2).view(len(codes), codes.shape[1] * per)[:, :dim]
 
 
 def dequantize(rows: QRows, bits: int, dim: int) -> torch.Tensor:
     codes, scale, offset = rows
-    if bits == 32:
+    if bits in (32, 16):
         return codes.float()
-    if bits == 16:
-        return codes.float()
-    per = 8 // bits
-    n = codes.shape[0]
-    if per > 1:
-        mask = (1 << bits) - 1
-        parts = [(codes >> (j * bits)) & mask for j in range(per)]
-        codes = torch.stack(parts, 2).view(n, -1)[:, :dim]
+    codes = unpack_codes(codes, bits, dim)
     return codes.float() * scale.float()[:, None] + offset.float()[:, None]

@@ -19,7 +19,7 @@ server's compute.Owner, module state of the server process (`STATE`):
 
 An exception inside `process_request` is answered as a response whose `error` names it; the
 server keeps serving (DGL's default would kill the server and hang every trainer). The trainer
-side (`receive`) raises LampServiceError with that message. `ServerOwners` (owners.Owners) is
+side (`receive`) raises LampServiceError with that message. `ServerOwners` (engine.Owners) is
 the trainer's side of this engine.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dgl.distributed import rpc
 
 from degnn.pipelines.lamp.compute import (Grads, GradRows, HistoryPull, HistoryRows, Owner, Roots, Rows, Setup,
                                           Weights, flat, owned_local_ids, unflat)
-from degnn.pipelines.lamp.owners import Answers, LampServiceError, Owners, Ticket
+from degnn.pipelines.lamp.engine import Answers, LampServiceError, Owners, Ticket
 
 ID_SETUP, ID_WEIGHTS, ID_PUSH, ID_PULL, ID_LAMP, ID_GRAD, ID_GRAD_PULL = 7710, 7711, 7712, 7713, 7714, 7715, 7716
 MSG_OVERHEAD = 64  # DGL RPC message header (ids, sizes) beyond the pickled fields and the tensors

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional
 class LAMPSummary:
     """LAMP's own summary keys (besides degnn.metrics.summary.RunSummary); see lamp_summary."""
 
+    codec: str
     bits: int
     engine: str
     roots: str
@@ -49,7 +50,7 @@ def lamp_summary(ranks: List[dict], p, bits: int) -> LAMPSummary:
             local[k] = local.get(k, 0) + v
     stat = {k: sum(r["stats"][k] for r in ranks) for k in ranks[0]["stats"]}
     done, separate, unfolded = (sum(r["fusion"][i] for r in ranks) for i in range(3))
-    return LAMPSummary(**{"bits": bits,
+    return LAMPSummary(**{"codec": p.codec, "bits": bits,
             "engine": p.engine, "roots": p.roots, "grad": p.grad, "halo_sync_steps": p.halo_sync_steps, "weight_sync_steps": p.weight_sync_steps,
             "sync_budget": p.sync_budget,
             # halo history rows the syncs brought to this machine (per batch of a trainer)
