@@ -50,6 +50,20 @@ def register(modules: Iterable[str]) -> None:
         dgl.distributed.register_service(service_id, req, res)
 
 
+# --- answering: an error is an answer --------------------------------------------------------------
+def answer_or_error(request, server_state, answered=lambda result: result):
+    """Every degnn request's `process_request`: `answered(request.process(server_state))`, or where
+    that raises, `request.response_cls(error="<Request> on server: <Error>: <message>")`, the
+    traceback in the server's log: DGL would otherwise kill the server and leave every trainer
+    waiting for an answer."""
+    try:
+        return answered(request.process(server_state))
+    except Exception as e:  # noqa: BLE001 - answered, not raised: the server must live on
+        error = f"{type(request).__name__} on server: {type(e).__name__}: {e}"
+        print(f"degnn service error: {error}\n{traceback.format_exc(limit=5)}", flush=True)
+        return request.response_cls(error=error)
+
+
 # --- one class per message ----------------------------------------------------------------------
 # A service's requests and responses are dataclasses whose fields are the message: the RPC state
 # is the fields in order, so tensors are top-level members that DGL ships as raw buffers (the
@@ -103,12 +117,7 @@ class MessageRequest(rpc.Request):
         set_message_state(self, state)
 
     def process_request(self, server_state):
-        try:
-            return self.process(server_state)
-        except Exception:  # noqa: BLE001 - answered, not raised: the server must live on
-            error = f"{type(self).__name__} on server: {traceback.format_exc(limit=5)}"
-            print(f"degnn service error: {error}", flush=True)
-            return self.response_cls(error=error)
+        return answer_or_error(self, server_state)
 
     def process(self, server_state):
         raise NotImplementedError

@@ -17,14 +17,14 @@ server's compute.Owner, module state of the server process (`STATE`):
 | 7715 | GradPush          | any trainer (grad=push)      | GradRows     | ack             |
 | 7716 | GradPull          | the machine's own trainer    | -            | Grads           |
 
-An exception inside `process_request` is answered as a response whose `error` names it; the
-server keeps serving (DGL's default would kill the server and hang every trainer). The trainer
+An exception inside `process_request` is answered as a response whose `error` names it
+(degnn.runtime.services.answer_or_error, as the TMA coordinator's messages are); the server keeps
+serving (DGL's default would kill the server and hang every trainer). The trainer
 side (`receive`) raises LampServiceError with that message. `ServerOwners` (engine.Owners) is
 the trainer's side of this engine.
 """
 from __future__ import annotations
 
-import traceback
 from typing import Dict, List, Optional, Tuple
 
 from dgl.distributed import rpc
@@ -32,6 +32,7 @@ from dgl.distributed import rpc
 from degnn.pipelines.lamp.compute import (Grads, GradRows, HistoryPull, HistoryRows, Owner, Roots, Rows, Setup,
                                           Weights, flat, owned_local_ids, unflat)
 from degnn.pipelines.lamp.engine import Answers, LampServiceError, Owners, Ticket
+from degnn.runtime.services import answer_or_error
 
 ID_SETUP, ID_WEIGHTS, ID_PUSH, ID_PULL, ID_LAMP, ID_GRAD, ID_GRAD_PULL = 7710, 7711, 7712, 7713, 7714, 7715, 7716
 MSG_OVERHEAD = 64  # DGL RPC message header (ids, sizes) beyond the pickled fields and the tensors
@@ -122,12 +123,7 @@ class _Request(rpc.Request):
         self.msg = unflat(self.message, state) if self.message else None
 
     def process_request(self, server_state):
-        try:
-            return self.response_cls(self.process(server_state))
-        except Exception as e:  # noqa: BLE001 - answered, not raised: the server must live on
-            msg = f"{type(self).__name__} on server: {type(e).__name__}: {e}"
-            print("degnn lamp service error:\n" + traceback.format_exc(), flush=True)
-            return self.response_cls(error=msg)
+        return answer_or_error(self, server_state, self.response_cls)
 
     def process(self, server_state):
         raise NotImplementedError
