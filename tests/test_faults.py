@@ -92,6 +92,19 @@ def test_unusable_run_directories_are_one_line(tmp_path, readonly_dir):
     (["model.layers=0"], "model.layers=0: must be an integer >= 1"),
     (["model.layers=3"], "e.g. model.fanouts=[10,10,10]"),
     (["cluster=netns", "cluster.machines=2", "cluster.subnet=notasubnet"], "cluster.subnet=notasubnet: must be"),
+    # bad model sizes: DGL's C++ code (hidden=0) or a traceback (hidden<0, heads=0) once started
+    (["model.hidden=0"], "model.hidden=0: must be an integer >= 1 (the width of the hidden layers)"),
+    (["model.hidden=-4"], "model.hidden=-4: must be an integer >= 1"),
+    (["model=gat", "model.heads=0"], "model.heads=0: must be an integer >= 1 (the attention heads"),
+    (["model=gat", "model.hidden=130"], "model.hidden=130: model=gat splits it over model.heads=4 heads, "
+                                        "so it must be a multiple of them, e.g. model.hidden=128"),
+    (["model.layers=-1"], "model.layers=-1: must be an integer >= 1"),
+    (["model.dropout=1"], "model.dropout=1.0: must be in [0, 1)"),
+    (["model.dropout=-0.1"], "model.dropout=-0.1: must be in [0, 1)"),
+    (["model.fanouts=[10,-3]"], "got -3"),
+    (["train.batch_size=0"], "train.batch_size=0: must be an integer >= 1"),
+    (["train.lr=0"], "train.lr=0.0: must be a finite number > 0"),
+    (["train.lr=-0.1"], "train.lr=-0.1: must be a finite number > 0"),
 ])
 def test_bad_keys_fanouts_and_subnet_are_refused(overrides, expect):
     from degnn.models import check_model_config

@@ -2,7 +2,7 @@
 the config key the user set (or the file) and the fix.
 
 `check_config(cfg)`: keys the schema does not have, the numbers (train.*, cluster counts,
-bandwidth, timeouts), the model's layers and fan-outs, the netns subnet.
+bandwidth, timeouts), the model's sizes (hidden, heads, dropout, layers, fan-outs), the netns subnet.
 `check_resume_dir(cfg, trainers)`: `resume=` (directory, checkpoint, matching config).
 `check_run_dir(path, key)`: the run directory can be created and written (before Hydra does).
 """
@@ -16,10 +16,10 @@ import os
 from .plan import LaunchError
 
 
-def _int_at_least(cfg, key: str, low: int, why: str = "") -> None:
+def _int_at_least(cfg, key: str, low: int, why: str = "", prefix: str = "") -> None:
     value = _value(cfg, key)
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise LaunchError(f"{key}={value}: must be an integer >= {low}{why}")
+        raise LaunchError(f"{prefix}{key}={value}: must be an integer >= {low}{why}")
 
 
 def _positive(cfg, key: str, allow_zero: bool = False) -> None:
@@ -66,10 +66,7 @@ def check_config(cfg) -> None:
     _positive(cfg, "train.min_delta", allow_zero=True)
     _positive(cfg, "train.lr")
     _positive(cfg, "train.weight_decay", allow_zero=True)
-    dropout = cfg.model.dropout
-    if not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
-        raise LaunchError(f"model.dropout={dropout}: must be in [0, 1)")
-    check_fanouts(cfg.model)
+    check_model_sizes(cfg.model)
     cl = cfg.cluster
     if cl.get("fault_timeout_s") is not None:
         raise LaunchError("cluster.fault_timeout_s was renamed: it is the grace period between "
@@ -104,6 +101,23 @@ def check_config(cfg) -> None:
                           f"for cluster={cl.kind}")
     if cl.kind == "netns":
         check_subnet(str(cl.subnet))
+
+
+def check_model_sizes(model) -> None:
+    """The model's widths, dropout, layers and fan-outs: a zero or negative width dies in DGL's or
+    torch's C++ code once the cluster is up (hidden=0), or in a traceback (heads=0)."""
+    _int_at_least(model, "hidden", 1, " (the width of the hidden layers)", prefix="model.")
+    _int_at_least(model, "heads", 1, " (the attention heads of model=gat)", prefix="model.")
+    if model.name == "gat" and model.layers > 1 and model.hidden % model.heads:
+        fit = max(model.heads, model.hidden - model.hidden % model.heads)
+        raise LaunchError(f"model.hidden={model.hidden}: model=gat splits it over model.heads="
+                          f"{model.heads} heads, so it must be a multiple of them, e.g. "
+                          f"model.hidden={fit}")
+    dropout = model.dropout
+    if not (isinstance(dropout, (int, float)) and not isinstance(dropout, bool) and 0 <= dropout < 1):
+        raise LaunchError(f"model.dropout={dropout}: must be in [0, 1) (the share of activations "
+                          f"dropped in training)")
+    check_fanouts(model)
 
 
 def check_fanouts(model) -> None:
