@@ -1,7 +1,8 @@
 """Structured config (Hydra schemas).
 
 Every YAML file under ``conf/`` is merged onto one of these dataclasses, so a wrong type or an
-unknown key fails at compose time with Hydra's own message. ``register_configs()`` must run
+unknown key fails at compose time (the launcher turns Hydra's message into one line naming the
+key: degnn.launch.preflight.config_error_line). ``register_configs()`` must run
 before ``@hydra.main`` (the entry points call it at import).
 """
 from __future__ import annotations

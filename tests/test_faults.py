@@ -40,9 +40,10 @@ def cfg_of(*overrides):
 
 
 def _cli(tmp_path, *overrides, run_dir=None):
-    return subprocess.run([PY, "-m", "degnn.launch", f"partition.root={tmp_path / 'parts'}",
-                           f"dataset.root={tmp_path / 'data'}",
-                           f"hydra.run.dir={run_dir or tmp_path / 'run'}", *overrides],
+    flags = [o for o in overrides if o.startswith("-")]  # Hydra's (-m) before the overrides
+    return subprocess.run([PY, "-m", "degnn.launch", *flags, f"partition.root={tmp_path / 'parts'}",
+                           f"dataset.root={tmp_path / 'data'}", f"hydra.run.dir={run_dir or tmp_path / 'run'}",
+                           *[o for o in overrides if not o.startswith("-")]],
                           cwd=REPO, capture_output=True, text=True, timeout=budget(120))
 
 
@@ -113,6 +114,41 @@ def test_bad_keys_fanouts_and_subnet_are_refused(overrides, expect):
         check_config(cfg)  # what the launcher checks first, then the model's own
         check_model_config(cfg.model)
     assert expect in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("overrides,expect", [
+    (["train.epochz=3"], "train.epochz: the config has no such key; fix its spelling (train has epochs, batch_size, "),
+    (["pipeline=lamp", "pipeline.bitz=3"], "pipeline.bitz: the config has no such key; fix its spelling "
+                                           "(pipeline has name, services, bits, "),
+    (["trainz.x=3"], "trainz: the config has no such key; fix its spelling (the top level has dataset, model, "),
+    (["train.epochs=abc"], "train.epochs=abc: not an int (e.g. train.epochs=20)"),
+    (["train.batch_size=1.5"], "train.batch_size=1.5: not an int (e.g. train.batch_size=1024)"),
+    (["train.lr=fast"], "train.lr=fast: not a float (e.g. train.lr=0.003)"),
+    (["train.profile=maybe"], "train.profile=maybe: not a bool (true or false) (e.g. train.profile=false)"),
+    (["model.fanouts=[a,b]"], "model.fanouts=[a,b]: model.fanouts[0]=a is not an int"),
+    (["cluster.machines=null"], "cluster.machines=null: cluster.machines cannot be null"),
+    (["model=gcnn"], "model=gcnn: there is no such model config (the choices: gat, gcn, sage)"),
+    (["train.lr=[1,"], "train.lr=[1,: cannot parse this override"),
+])
+def test_mistyped_keys_and_values_are_one_line(overrides, expect):
+    from degnn.launch.preflight import config_error_line
+    with pytest.raises(Exception) as e:  # what Hydra raises while it composes the command line
+        cfg_of(*overrides)
+    line = config_error_line(e.value)
+    assert line.startswith(expect) and "\n" not in line, line
+
+
+@pytest.mark.parametrize("overrides,expect", [
+    (["train.epochz=3"], "degnn.launch: error: train.epochz: the config has no such key"),
+    (["-m", "train.epochs=1,abc"], "degnn.launch: error: train.epochs=abc: not an int"),
+    (["model.hidden=0"], "degnn.launch: error: model.hidden=0: must be an integer >= 1"),
+])
+def test_the_launcher_refuses_bad_keys_and_sizes_in_one_line_leaving_nothing(tmp_path, overrides, expect):
+    # Hydra's own message is several lines with exit status 1; a bad size died in DGL's C++ code
+    run_dir = tmp_path / "new" / "run"
+    r = _cli(tmp_path, *overrides, f"hydra.sweep.dir={run_dir}", run_dir=run_dir)
+    assert _one_error_line(r).startswith(expect)
+    assert not (tmp_path / "new").exists() and not (tmp_path / "parts").exists()
 
 
 def _custom_graph(path, **empty):

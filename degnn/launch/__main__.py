@@ -18,7 +18,9 @@ import sys
 try:  # torch and DGL take seconds to import: Ctrl-C meanwhile is one line, not a traceback
     import hydra
     from hydra.core.hydra_config import HydraConfig
+    from hydra.errors import HydraException
     from omegaconf import DictConfig
+    from omegaconf.errors import OmegaConfBaseException
 
     from degnn.config import CONF_DIR, register_configs
     from degnn.models import check_model_config
@@ -26,7 +28,7 @@ try:  # torch and DGL take seconds to import: Ctrl-C meanwhile is one line, not 
 
     from .plan import LaunchError
     from .supervisor import STOP_SIGNALS
-    from .preflight import check_config, check_resume_dir, check_run_dir
+    from .preflight import check_config, check_resume_dir, check_run_dir, config_error_line
 except KeyboardInterrupt:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # leaving: Ctrl-C again changes nothing (rc stays 130)
     print("degnn.launch: error: interrupted while starting; nothing was started", file=sys.stderr,
@@ -36,10 +38,38 @@ except KeyboardInterrupt:
 register_configs()
 
 
+# the run directory this launcher made (the topmost folder it created), with whether it may go
+# whole: a run refused before anything started leaves nothing behind (a sweep's folder only when
+# it is still empty: an earlier job of the sweep may have written there)
+_MADE: list = []
+
+
+def _remove_made() -> None:
+    import shutil
+
+    for top, leaf, whole in _MADE:
+        if whole:
+            shutil.rmtree(top, ignore_errors=True)
+            continue
+        if os.path.isdir(leaf) and os.listdir(leaf) == ["multirun.yaml"]:  # Hydra's, no job yet
+            os.unlink(os.path.join(leaf, "multirun.yaml"))
+        path = leaf
+        while True:  # the empty folders, from the leaf up to the topmost made
+            try:
+                os.rmdir(path)
+            except OSError:
+                break
+            if path == top:
+                break
+            path = os.path.dirname(path)
+    _MADE.clear()
+
+
 def _fail(msg: str, code: int = 2) -> None:
     # one line, no traceback: bad input must read like a message, not a crash
     if code > 128:  # an interrupt: the clean-up is done, a signal more while leaving changes nothing
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _remove_made()
     print(f"degnn.launch: error: {msg}", file=sys.stderr, flush=True)
     sys.exit(code)
 
@@ -68,6 +98,14 @@ def _print_partition_report(part_config) -> None:
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    try:
+        _job(cfg)
+    except (HydraException, OmegaConfBaseException) as e:
+        e._degnn_job = True  # the job's own error, not a bad command line: Hydra reports it
+        raise
+
+
+def _job(cfg: DictConfig) -> None:
     from degnn.runtime.cluster import count_ip_config
 
     from .launcher import machines_of
@@ -154,6 +192,7 @@ def main(cfg: DictConfig) -> None:
 def _launch(cfg, run_dir: str, part_config: str, task: list) -> None:
     from .launcher import launch
 
+    _MADE.clear()  # from here on the run directory is the run's: its summary says what happened
     try:
         rc = launch(cfg, run_dir, part_config, task,
                     entry=os.environ.get("DEGNN_ENTRY") or cfg.cluster.entry)
@@ -182,6 +221,43 @@ def _run_dir_args(argv) -> list:
     return [(key, given[-1] if given else "runs")]
 
 
+def _first_missing(path: str):
+    """The topmost folder of `path` that does not exist yet (None: it exists, or only Hydra
+    resolves it)."""
+    if "${" in path:
+        return None
+    full = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(full):
+        return None
+    while not os.path.exists(os.path.dirname(full)):
+        full = os.path.dirname(full)
+    return full
+
+
+def _config_errors_in_one_line() -> None:
+    """Hydra prints its own message of several lines (exit status 1) for a key the schema lacks, a
+    value of the wrong type or an override that does not parse, before any job runs: print
+    degnn's one line naming the key instead, exit status 2 (like every other refusal here)."""
+    import hydra._internal.utils as hydra_utils
+
+    report = hydra_utils.run_and_report
+    if getattr(report, "_degnn", False):
+        return
+
+    def run_and_report(func):
+        def composing():
+            try:
+                return func()
+            except (HydraException, OmegaConfBaseException) as e:
+                if getattr(e, "_degnn_job", False):
+                    raise
+                _fail(config_error_line(e))
+        return report(composing)
+
+    run_and_report._degnn = True
+    hydra_utils.run_and_report = run_and_report
+
+
 def cli() -> None:
     """The command line (`python -m degnn.launch`, the `degnn-launch` console script)."""
     try:
@@ -190,12 +266,16 @@ def cli() -> None:
             sys.exit(cleanup_main([a for a in sys.argv[1:] if a != "--cleanup"]))
         try:
             for key, value in _run_dir_args(sys.argv[1:]):
+                new = _first_missing(value)
                 check_run_dir(value, key)
+                if new:
+                    _MADE.append((new, os.path.abspath(os.path.expanduser(value)), key == "hydra.run.dir"))
         except LaunchError as e:
             _fail(str(e))
         # name the job (Hydra would call it "__main__": <run dir>/__main__.log)
         if not any(a.startswith("hydra.job.name=") for a in sys.argv[1:]):
             sys.argv.append("hydra.job.name=launch")
+        _config_errors_in_one_line()
         main()
     except KeyboardInterrupt:  # before the launcher's own handlers (Hydra composing the config)
         _fail("interrupted while starting; nothing was started", 130)

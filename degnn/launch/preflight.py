@@ -183,3 +183,86 @@ def check_resume_dir(cfg, trainers: int) -> None:
         check_resume(cfg, trainers)
     except CheckpointError as e:
         raise LaunchError(str(e)) from None
+
+
+_TYPE_WORDS = {"Integer": "an int", "Float": "a float", "Boolean": "a bool (true or false)",
+               "String": "a string"}
+
+
+def config_error_line(e: BaseException) -> str:
+    """One line for an error Hydra or OmegaConf raised while composing the config from the command
+    line (a key the schema lacks, a value of the wrong type, a config group option that does not
+    exist, an override that does not parse): the key, what is wrong and the fix."""
+    import re
+
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    first = _first_line(e)
+    if isinstance(e, OverrideParseException):
+        return (f"{e.override}: cannot parse this override ({e.message.splitlines()[0]}); write "
+                f"KEY=VALUE (quote lists and strings with spaces for the shell)")
+    if isinstance(e, MissingConfigException) and e.missing_cfg_file and e.options is not None:
+        group, _, name = str(e.missing_cfg_file).rpartition("/")
+        return (f"{group}={name}: there is no such {group} config (the choices: "
+                f"{', '.join(e.options)})")
+    cause = e.__cause__
+    # "Error merging override KEY=VALUE": the override as written
+    m = re.match(r"Error merging override (.*)$", first)
+    override = m.group(1) if m else None
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and getattr(cause, "full_key", None):
+        key = str(cause.full_key)
+        where, _, _ = key.rpartition(".")
+        known = _keys_of(getattr(cause, "parent_node", None))
+        if where:
+            has = f"{where} has {', '.join(known)}" if known else f"see {where} in docs/config.md"
+        else:
+            has = f"the top level has {', '.join(known)}" if known else "see docs/config.md"
+        return f"{key}: the config has no such key; fix its spelling ({has})"
+    if isinstance(cause, ValidationError) and getattr(cause, "full_key", None):
+        key = str(cause.full_key)
+        msg = _first_line(cause)
+        override = override or key
+        t = re.search(r"could not be converted to (\w+)", msg)
+        if t:
+            what = _TYPE_WORDS.get(t.group(1), t.group(1))
+            bad = re.match(r"Value '(.*)' of type", msg)
+            top = override.split("=", 1)[0].lstrip("+~")
+            if key == top:
+                return f"{override}: not {what}{_example(cause, key)}"
+            return f"{override}: {key}={bad.group(1) if bad else '?'} is not {what}"
+        t = re.search(r"is not a valid (\w+)", msg)
+        if t:
+            what = {"bool": "a bool (true or false)", "int": "an int", "float": "a float"}.get(t.group(1), t.group(1))
+            return f"{override}: not {what}{_example(cause, key)}"
+        if "is not Optional" in msg:
+            return f"{override}: {key} cannot be null; give it a value (docs/config.md)"
+        return f"{override}: {msg}"
+    if cause is not None and override:
+        return f"{override}: {_first_line(cause)}"
+    # Hydra's own words, its lines joined (e.g. "+train=3": the second line names the fix)
+    text = " ".join(l.strip() for l in str(e).strip().splitlines() if l.strip()) or type(e).__name__
+    return text + (f" ({_first_line(cause)})" if cause is not None else "")
+
+
+def _example(cause, key: str) -> str:
+    """` (e.g. KEY=<its value in the config>)`, or nothing where that value is not at hand."""
+    try:
+        value = cause.parent_node._get_node(cause.key)._value()
+    except Exception:  # noqa: BLE001 - no parent node (a list item): no example
+        return ""
+    if value is None or isinstance(value, (dict, list)):
+        return ""
+    return f" (e.g. {key}={str(value).lower() if isinstance(value, bool) else value})"
+
+
+def _keys_of(node) -> list:
+    try:
+        return [str(k) for k in node.keys() if k != "hydra" and not str(k).startswith("_")]
+    except Exception:  # noqa: BLE001 - a node without keys (a list): no list to give
+        return []
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0].strip() if text else type(e).__name__
