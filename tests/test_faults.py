@@ -151,16 +151,72 @@ def test_the_launcher_refuses_bad_keys_and_sizes_in_one_line_leaving_nothing(tmp
     assert not (tmp_path / "new").exists() and not (tmp_path / "parts").exists()
 
 
-def _custom_graph(path, **empty):
+def _custom_graph(path, graph=None, label=None, **empty):
     import dgl
-    g = dgl.rand_graph(60, 300)
-    g.ndata["feat"] = torch.randn(60, 4)
-    g.ndata["label"] = torch.arange(60) % 3
+    g = dgl.rand_graph(60, 300) if graph is None else graph
+    n = g.num_nodes()
+    g.ndata["feat"] = torch.randn(n, 4)
+    g.ndata["label"] = torch.arange(n) % 3 if label is None else label
     for i, key in enumerate(("train_mask", "val_mask", "test_mask")):
-        m = torch.arange(60) % 3 == i
-        g.ndata[key] = torch.zeros(60, dtype=torch.bool) if empty.get(key) else m
+        m = (torch.arange(n) % 3 == i) if n >= 3 else torch.ones(n, dtype=torch.bool)
+        g.ndata[key] = torch.zeros(n, dtype=torch.bool) if empty.get(key) else m
     dgl.save_graphs(str(path), [g])
     return str(path)
+
+
+def _load_custom(path, *overrides):
+    from degnn.data import load_dataset
+    return load_dataset(cfg_of("dataset=custom", f"dataset.path={path}", *overrides).dataset)
+
+
+def test_a_stray_label_is_refused_when_the_dataset_loads(tmp_path):
+    from degnn.data import DatasetError
+    # one label 200000 among 0..2: a model of 200,001 classes, out of memory once the cluster ran
+    label = torch.arange(60) % 3
+    label[7] = 200000
+    with pytest.raises(DatasetError) as e:
+        _load_custom(_custom_graph(tmp_path / "stray.bin", label=label))
+    assert str(e.value) == (f"dataset custom: 200001 classes (the model would have an output per class) "
+                            f"but the labels use only 4; the largest label is 200000, at node 7; fix that "
+                            f"stray label, or set dataset.num_classes to the real count")
+    # declared far beyond the labels present
+    with pytest.raises(DatasetError) as e:
+        _load_custom(_custom_graph(tmp_path / "ok.bin"), "dataset.num_classes=5000")
+    assert "5000 classes (the model would have an output per class) but the labels use only 3" in str(e.value)
+    assert _load_custom(tmp_path / "ok.bin", "dataset.num_classes=8").num_classes == 8  # a few unused: fine
+
+
+@pytest.mark.parametrize("mask,what", [("train_mask", "training"), ("val_mask", "validation"),
+                                       ("test_mask", "test")])
+def test_a_label_outside_the_declared_classes_is_refused(mask, what):
+    import dgl
+    from degnn.data import DatasetError, GraphData, finalize
+    g = dgl.rand_graph(30, 120)
+    g.ndata["feat"] = torch.randn(30, 4)
+    g.ndata["label"] = torch.arange(30) % 3
+    for i, key in enumerate(("train_mask", "val_mask", "test_mask")):
+        g.ndata[key] = torch.arange(30) % 3 == i
+    node = {"train_mask": 9, "val_mask": 10, "test_mask": 11}[mask]
+    g.ndata["label"][node] = 3  # the source declares 3 classes (ogb's meta, a generator's knob)
+    data = GraphData(name="d", task="node", graph=g, num_classes=3, metric="acc", evaluate=None)
+    with pytest.raises(DatasetError) as e:
+        finalize(data, True)
+    assert str(e.value) == (f"dataset d: 1 {what} node(s) have a label outside 0..2 (the dataset's 3 "
+                            f"classes), e.g. node {node} has 3; fix those labels (or the dataset's class "
+                            f"count, dataset.num_classes)")
+
+
+def test_degenerate_graphs_are_refused_when_the_dataset_loads(tmp_path):
+    import dgl
+    from degnn.data import DatasetError
+    loops = dgl.graph((torch.arange(30), torch.arange(30)), num_nodes=30)  # failed: "NoneType has no len()"
+    for graph, expect in [(dgl.graph(([], []), num_nodes=30), "the graph has 30 nodes and no edges"),
+                          (loops, "the graph's 30 edges are all self-loops (a node to itself)"),
+                          (dgl.graph(([0], [0]), num_nodes=1), "the graph has 1 node; a GNN needs a graph "
+                                                               "of two nodes or more")]:
+        with pytest.raises(DatasetError) as e:
+            _load_custom(_custom_graph(tmp_path / "g.bin", graph=graph))
+        assert str(e.value).startswith(f"dataset custom: {expect}"), str(e.value)
 
 
 @pytest.mark.parametrize("key", ["train_mask", "val_mask", "test_mask"])
