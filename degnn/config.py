@@ -179,6 +179,10 @@ class ClusterConfig:
     # trainer); null = per host, the interface that routes to the first machine
     ifname: Optional[str] = None
     dry_run: bool = False
+    # false: the run directory is private to the user who runs it (folders 0700, files 0600: the
+    # launcher and every process it starts run with umask 077; checkpoints, logs and configs
+    # included); true: the user's own umask decides (e.g. 0755/0644, readable by every local user)
+    share_run_dir: bool = False
     # the module every process runs (`python -m <entry> <overrides>`); the bench's plain DGL
     # reference trainer (benchmarks/plain_dgl.py, from a checkout) is another
     entry: str = "degnn.train"

@@ -44,6 +44,48 @@ register_configs()
 _MADE: list = []
 
 
+# the umask the launcher was started with; it runs with 077 (the run directory private) unless
+# cluster.share_run_dir (None: main() was not entered through cli())
+_USER_UMASK = None
+
+
+def _with_user_umask(fn, *args):
+    """fn(*args) under the user's own umask: the dataset and partition caches are shared, the
+    run directory is not."""
+    if _USER_UMASK is None:
+        return fn(*args)
+    private = os.umask(_USER_UMASK)
+    try:
+        return fn(*args)
+    finally:
+        os.umask(private)
+
+
+def _share_run_dir(run_dir: str, sweep_dir) -> None:
+    """cluster.share_run_dir=true: back to the user's umask, and what was made private so far
+    (the run directory, Hydra's files in it, the folders made for it) as that umask makes it."""
+    if _USER_UMASK is None:
+        return
+    os.umask(_USER_UMASK)
+    dirs, files = 0o777 & ~_USER_UMASK, 0o666 & ~_USER_UMASK
+    paths = []
+    for top, leaf, _ in _MADE:
+        path = leaf
+        while path.startswith(top):
+            paths.append((path, dirs))
+            path = os.path.dirname(path)
+    if sweep_dir and os.path.isdir(sweep_dir):
+        paths += [(sweep_dir, dirs), (os.path.join(sweep_dir, "multirun.yaml"), files)]
+    for root, subdirs, names in os.walk(run_dir):
+        paths.append((root, dirs))
+        paths += [(os.path.join(root, n), files) for n in names]
+    for path, mode in paths:
+        try:
+            os.chmod(path, mode)
+        except OSError:
+            pass
+
+
 def _remove_made() -> None:
     import shutil
 
@@ -112,6 +154,8 @@ def _job(cfg: DictConfig) -> None:
 
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
+    if cfg.cluster.get("share_run_dir"):
+        _share_run_dir(run_dir, hc.sweep.dir if hc.mode.name == "MULTIRUN" else None)
     task = list(hc.overrides.task)
     # config folders on Hydra's search path (a pipeline of one's own) reach every process too
     task += [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath=")]
@@ -168,7 +212,7 @@ def _job(cfg: DictConfig) -> None:
 
     old = {s: signal.signal(s, on_interrupt) for s in STOP_SIGNALS}
     try:
-        part_config = ensure_partitions(cfg.dataset, cfg.partition)
+        part_config = _with_user_umask(ensure_partitions, cfg.dataset, cfg.partition)
     except KeyboardInterrupt:
         interrupted.append(signal.SIGINT)
     except Exception as e:  # the partitioner's own message (dataset missing, bad method, ...)
@@ -260,10 +304,14 @@ def _config_errors_in_one_line() -> None:
 
 def cli() -> None:
     """The command line (`python -m degnn.launch`, the `degnn-launch` console script)."""
+    global _USER_UMASK
     try:
         if "--cleanup" in sys.argv[1:]:  # leftovers of launchers that are gone (cleanup.py)
             from .cleanup import main as cleanup_main
             sys.exit(cleanup_main([a for a in sys.argv[1:] if a != "--cleanup"]))
+        # the run directory is private from its first folder on: every file the launcher and
+        # the processes it starts write (cluster.share_run_dir=true gives the user's umask back)
+        _USER_UMASK = os.umask(0o077)
         try:
             for key, value in _run_dir_args(sys.argv[1:]):
                 new = _first_missing(value)
