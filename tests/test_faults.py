@@ -151,6 +151,40 @@ def test_the_launcher_refuses_bad_keys_and_sizes_in_one_line_leaving_nothing(tmp
     assert not (tmp_path / "new").exists() and not (tmp_path / "parts").exists()
 
 
+def test_a_used_or_busy_run_directory_is_refused(tmp_path):
+    from degnn.launch.preflight import check_run_dir_unused, lock_run_dir
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("old run\n")
+    check_run_dir_unused(str(run))  # Hydra's files alone (a run refused before it started): reusable
+    (run / "curve.jsonl").write_text('{"epoch": 1}\n')
+    with pytest.raises(LaunchError) as e:
+        check_run_dir_unused(str(run))
+    assert str(e.value) == (f"hydra.run.dir={run}: holds another run's results (curve.jsonl); pick a new "
+                            f"hydra.run.dir (or remove that run's directory), or continue that run with "
+                            f"resume={run}")
+    check_run_dir_unused(str(run), resume=str(run))  # resuming it in place
+    # a fresh run into it (it appended epochs 1-3 to the old run's 1-8): one line, the old run untouched
+    line = _one_error_line(_cli(tmp_path, "cluster.dry_run=true", run_dir=run))
+    assert line == f"degnn.launch: error: {e.value}"
+    assert (run / ".hydra" / "config.yaml").read_text() == "old run\n"
+    assert (run / "curve.jsonl").read_text() == '{"epoch": 1}\n'
+    # two runs at once in one directory (both said "ok"): the second is refused while the first holds it
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    fd = lock_run_dir(str(busy))
+    try:
+        with pytest.raises(LaunchError, match=f"another launcher \\(pid {os.getpid()}\\) is running in this"):
+            lock_run_dir(str(busy))
+        line = _one_error_line(_cli(tmp_path, "cluster.dry_run=true", run_dir=busy))
+        assert line == (f"degnn.launch: error: hydra.run.dir={busy}: another launcher (pid {os.getpid()}) is "
+                        f"running in this directory now; wait until it ends, or pick another hydra.run.dir")
+        assert sorted(os.listdir(busy)) == [".degnn.lock"]  # Hydra wrote nothing there
+    finally:
+        os.close(fd)
+    os.close(lock_run_dir(str(busy)))  # free again once the first launcher is gone
+
+
 def _custom_graph(path, graph=None, label=None, **empty):
     import dgl
     g = dgl.rand_graph(60, 300) if graph is None else graph

@@ -28,7 +28,8 @@ try:  # torch and DGL take seconds to import: Ctrl-C meanwhile is one line, not 
 
     from .plan import LaunchError
     from .supervisor import STOP_SIGNALS
-    from .preflight import check_config, check_resume_dir, check_run_dir, config_error_line
+    from .preflight import (check_config, check_resume_dir, check_run_dir, check_run_dir_unused,
+                            config_error_line, lock_run_dir)
 except KeyboardInterrupt:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # leaving: Ctrl-C again changes nothing (rc stays 130)
     print("degnn.launch: error: interrupted while starting; nothing was started", file=sys.stderr,
@@ -138,6 +139,31 @@ def _print_partition_report(part_config) -> None:
     print(f"partitions: {part_config}", flush=True)
 
 
+# run directory -> the descriptor of its lock (preflight.lock_run_dir), held while its run goes on
+_LOCKS: dict = {}
+
+
+def _take_run_dir(run_dir: str, key: str, resume) -> None:
+    """Lock the run directory for this launcher, then refuse one that holds another run's results
+    (LaunchError)."""
+    full = os.path.abspath(run_dir)
+    if full in _LOCKS:
+        return
+    fd = lock_run_dir(run_dir, key)
+    try:
+        check_run_dir_unused(run_dir, key, resume)
+    except LaunchError:
+        os.close(fd)
+        raise
+    _LOCKS[full] = fd
+
+
+def _release_run_dirs() -> None:
+    for fd in _LOCKS.values():
+        os.close(fd)
+    _LOCKS.clear()
+
+
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
@@ -145,6 +171,8 @@ def main(cfg: DictConfig) -> None:
     except (HydraException, OmegaConfBaseException) as e:
         e._degnn_job = True  # the job's own error, not a bad command line: Hydra reports it
         raise
+    finally:
+        _release_run_dirs()  # a sweep's next job has a directory of its own
 
 
 def _job(cfg: DictConfig) -> None:
@@ -156,6 +184,10 @@ def _job(cfg: DictConfig) -> None:
     run_dir = hc.runtime.output_dir
     if cfg.cluster.get("share_run_dir"):
         _share_run_dir(run_dir, hc.sweep.dir if hc.mode.name == "MULTIRUN" else None)
+    try:  # a sweep's job (or a run directory only Hydra names): taken here, once Hydra made it
+        _take_run_dir(run_dir, "hydra.run.dir", cfg.get("resume"))
+    except LaunchError as e:
+        _fail(str(e))
     task = list(hc.overrides.task)
     # config folders on Hydra's search path (a pipeline of one's own) reach every process too
     task += [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath=")]
@@ -265,6 +297,12 @@ def _run_dir_args(argv) -> list:
     return [(key, given[-1] if given else "runs")]
 
 
+def _given(argv, key: str):
+    """The last value the command line gives `key` (None: not given)."""
+    values = [a.split("=", 1)[1] for a in argv if "=" in a and a.split("=", 1)[0].lstrip("+~") == key]
+    return values[-1] if values else None
+
+
 def _first_missing(path: str):
     """The topmost folder of `path` that does not exist yet (None: it exists, or only Hydra
     resolves it)."""
@@ -318,6 +356,10 @@ def cli() -> None:
                 check_run_dir(value, key)
                 if new:
                     _MADE.append((new, os.path.abspath(os.path.expanduser(value)), key == "hydra.run.dir"))
+                if key == "hydra.run.dir" and "${" not in value and any(
+                        a.split("=", 1)[0].lstrip("+~") == key for a in sys.argv[1:]):
+                    # before Hydra writes its files there: not over another run's
+                    _take_run_dir(os.path.expanduser(value), key, _given(sys.argv[1:], "resume"))
         except LaunchError as e:
             _fail(str(e))
         # name the job (Hydra would call it "__main__": <run dir>/__main__.log)

@@ -266,3 +266,52 @@ def _keys_of(node) -> list:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0].strip() if text else type(e).__name__
+
+
+# what a run leaves that a fresh run would mix with its own (curve.jsonl appended to, the best
+# model and checkpoint replaced, the summary of one describing the other)
+RESULT_FILES = ("summary.json", "curve.jsonl", "checkpoint.pt", "best_model.pt")
+# held (fcntl.flock) by the launcher while a run uses its directory
+LOCK_FILE = ".degnn.lock"
+
+
+def check_run_dir_unused(path: str, key: str = "hydra.run.dir", resume=None) -> None:
+    """A run directory that holds another run's results is refused, unless this run resumes that
+    one in place (`resume=` the same directory)."""
+    full = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isdir(full):
+        return
+    if resume and os.path.abspath(os.path.expanduser(str(resume))) == full:
+        return
+    found = [f for f in RESULT_FILES if os.path.exists(os.path.join(full, f))]
+    if found:
+        raise LaunchError(f"{key}={path}: holds another run's results ({found[0]}); pick a new "
+                          f"{key} (or remove that run's directory), or continue that run with "
+                          f"resume={path}")
+
+
+def lock_run_dir(path: str, key: str = "hydra.run.dir") -> int:
+    """Take the run directory for this launcher (an exclusive flock on LOCK_FILE in it, held as long
+    as the returned descriptor is open: until this launcher ends); LaunchError when another
+    launcher holds it."""
+    import fcntl
+
+    full = os.path.abspath(os.path.expanduser(path))
+    lock = os.path.join(full, LOCK_FILE)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise LaunchError(f"{key}={path}: cannot create {LOCK_FILE} there ({e.strerror}); pick a "
+                          f"writable {key}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        try:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        finally:
+            os.close(fd)
+        raise LaunchError(f"{key}={path}: another launcher (pid {holder}) is running in this "
+                          f"directory now; wait until it ends, or pick another {key}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
