@@ -62,20 +62,23 @@ def _with_user_umask(fn, *args):
         os.umask(private)
 
 
-def _share_run_dir(run_dir: str, sweep_dir) -> None:
-    """cluster.share_run_dir=true: back to the user's umask, and what was made private so far
-    (the run directory, Hydra's files in it, the folders made for it) as that umask makes it."""
+def _run_dir_modes(run_dir: str, share: bool, sweep_dir) -> None:
+    """The umask of this job, and what was made so far (the run directory, Hydra's files in it;
+    shared: the folders made for it too) as that umask makes it. cluster.share_run_dir=true: the
+    user's umask; else 077 (again: a sweep's earlier job may have shared its own)."""
     if _USER_UMASK is None:
         return
-    os.umask(_USER_UMASK)
-    dirs, files = 0o777 & ~_USER_UMASK, 0o666 & ~_USER_UMASK
+    mask = _USER_UMASK if share else 0o077
+    if os.umask(mask) == mask:
+        return  # what was made was made under this umask
+    dirs, files = 0o777 & ~mask, 0o666 & ~mask
     paths = []
-    for top, leaf, _ in _MADE:
+    for top, leaf, _ in _MADE if share else ():
         path = leaf
         while path.startswith(top):
             paths.append((path, dirs))
             path = os.path.dirname(path)
-    if sweep_dir and os.path.isdir(sweep_dir):
+    if share and sweep_dir and os.path.isdir(sweep_dir):
         paths += [(sweep_dir, dirs), (os.path.join(sweep_dir, "multirun.yaml"), files)]
     for root, subdirs, names in os.walk(run_dir):
         paths.append((root, dirs))
@@ -182,8 +185,8 @@ def _job(cfg: DictConfig) -> None:
 
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
-    if cfg.cluster.get("share_run_dir"):
-        _share_run_dir(run_dir, hc.sweep.dir if hc.mode.name == "MULTIRUN" else None)
+    _run_dir_modes(run_dir, bool(cfg.cluster.get("share_run_dir")),
+                   hc.sweep.dir if hc.mode.name == "MULTIRUN" else None)
     try:  # a sweep's job (or a run directory only Hydra names): taken here, once Hydra made it
         _take_run_dir(run_dir, "hydra.run.dir", cfg.get("resume"))
     except LaunchError as e:

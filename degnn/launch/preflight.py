@@ -299,7 +299,7 @@ def lock_run_dir(path: str, key: str = "hydra.run.dir") -> int:
     full = os.path.abspath(os.path.expanduser(path))
     lock = os.path.join(full, LOCK_FILE)
     try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides, like every file here
     except OSError as e:
         raise LaunchError(f"{key}={path}: cannot create {LOCK_FILE} there ({e.strerror}); pick a "
                           f"writable {key}") from None
