@@ -119,6 +119,11 @@ def test_a_run_directory_naming_code_of_its_own_is_refused(tmp_path, capsys, mon
     run = _run_dir(tmp_path, pipeline__services=["degnn.pipelines.lamp.service", "evil_mod"])
     assert "names the service module evil_mod (pipeline.services), which is neither" in _refused(capsys, run)
     assert not marker.exists()
+    # the interpreter an ssh or Slurm run starts on every host: the operator's to name, not the directory's
+    (run / "config.yaml").unlink()
+    run.rename(tmp_path / "run2")
+    run = _run_dir(tmp_path, cluster__python=str(tmp_path / "evil.sh"))
+    assert f"sets cluster.python={tmp_path / 'evil.sh'}, the program every host would run" in _refused(capsys, run)
     from degnn.infer.run import InferError, check_code
     # a pipeline of one's own, declared by a config folder on the run's search path, is built
     plugins = Path(__file__).resolve().parent / "plugins" / "conf"

@@ -89,6 +89,11 @@ def run_config(run_dir, overrides: Sequence[str] = ()):
         raise InferError(other.format(_first_line(e))) from None
     check_code(cfg, run_dir, searchpath)
     check_overrides(overrides)
+    python = cfg.cluster.get("python")
+    if python and not any(o.split("=", 1)[0] == "cluster.python" for o in overrides):
+        raise InferError(f"{run_dir}/{CONFIG_FILE} sets cluster.python={python}, the program every "
+                         f"host would run: degnn.infer runs no program a run directory names; pass "
+                         f"cluster.python={python} to degnn.infer if it is yours")
     if overrides:
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
