@@ -183,6 +183,12 @@ def test_a_used_or_busy_run_directory_is_refused(tmp_path):
     finally:
         os.close(fd)
     os.close(lock_run_dir(str(busy)))  # free again once the first launcher is gone
+    # a run refused before it starts leaves an existing directory as it found it (no lock file)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "train.epochz: the config has no such key" in _one_error_line(_cli(tmp_path, "train.epochz=3",
+                                                                              run_dir=empty))
+    assert os.listdir(empty) == []
 
 
 def _custom_graph(path, graph=None, label=None, **empty):

@@ -28,8 +28,8 @@ try:  # torch and DGL take seconds to import: Ctrl-C meanwhile is one line, not 
 
     from .plan import LaunchError
     from .supervisor import STOP_SIGNALS
-    from .preflight import (check_config, check_resume_dir, check_run_dir, check_run_dir_unused,
-                            config_error_line, lock_run_dir)
+    from .preflight import (LOCK_FILE, check_config, check_resume_dir, check_run_dir,
+                            check_run_dir_unused, config_error_line, lock_run_dir)
 except KeyboardInterrupt:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # leaving: Ctrl-C again changes nothing (rc stays 130)
     print("degnn.launch: error: interrupted while starting; nothing was started", file=sys.stderr,
@@ -74,6 +74,8 @@ def _run_dir_modes(run_dir: str, share: bool, sweep_dir) -> None:
     dirs, files = 0o777 & ~mask, 0o666 & ~mask
     paths = []
     for top, leaf, _ in _MADE if share else ():
+        if not os.path.isdir(top):
+            continue
         path = leaf
         while path.startswith(top):
             paths.append((path, dirs))
@@ -95,7 +97,10 @@ def _remove_made() -> None:
 
     for top, leaf, whole in _MADE:
         if whole:
-            shutil.rmtree(top, ignore_errors=True)
+            if os.path.isdir(top):
+                shutil.rmtree(top, ignore_errors=True)
+            elif os.path.lexists(top):  # a lock file this launcher made
+                os.unlink(top)
             continue
         if os.path.isdir(leaf) and os.listdir(leaf) == ["multirun.yaml"]:  # Hydra's, no job yet
             os.unlink(os.path.join(leaf, "multirun.yaml"))
@@ -152,6 +157,8 @@ def _take_run_dir(run_dir: str, key: str, resume) -> None:
     full = os.path.abspath(run_dir)
     if full in _LOCKS:
         return
+    lock = os.path.join(full, LOCK_FILE)
+    created = not os.path.exists(lock)
     fd = lock_run_dir(run_dir, key)
     try:
         check_run_dir_unused(run_dir, key, resume)
@@ -159,6 +166,8 @@ def _take_run_dir(run_dir: str, key: str, resume) -> None:
         os.close(fd)
         raise
     _LOCKS[full] = fd
+    if created:
+        _MADE.append((lock, lock, True))  # a run refused before it starts leaves none behind
 
 
 def _release_run_dirs() -> None:
@@ -357,10 +366,11 @@ def cli() -> None:
             for key, value in _run_dir_args(sys.argv[1:]):
                 new = _first_missing(value)
                 check_run_dir(value, key)
-                if new:
-                    _MADE.append((new, os.path.abspath(os.path.expanduser(value)), key == "hydra.run.dir"))
-                if key == "hydra.run.dir" and "${" not in value and any(
-                        a.split("=", 1)[0].lstrip("+~") == key for a in sys.argv[1:]):
+                named = _given(sys.argv[1:], key) is not None
+                if new:  # a folder of the user's naming goes whole; ./runs, shared by runs, when empty
+                    _MADE.append((new, os.path.abspath(os.path.expanduser(value)),
+                                  key == "hydra.run.dir" and named))
+                if key == "hydra.run.dir" and named and "${" not in value:
                     # before Hydra writes its files there: not over another run's
                     _take_run_dir(os.path.expanduser(value), key, _given(sys.argv[1:], "resume"))
         except LaunchError as e:
