@@ -1,9 +1,10 @@
 """Structured config (Hydra schemas).
 
 Every YAML file under ``conf/`` is merged onto one of these dataclasses, so a wrong type or an
-unknown key fails at compose time with Hydra's own message; a pipeline's file is merged onto its
-class's own schema (a PipelineConfig subclass) once the class is known
-(degnn.pipelines.typed_config). ``register_configs()`` must run
+unknown key fails at compose time (the launcher turns Hydra's message into one line naming the
+key: degnn.launch.preflight.config_error_line); a pipeline's file is merged onto its class's own
+schema (a PipelineConfig subclass) once the class is known (degnn.pipelines.typed_config).
+``register_configs()`` must run
 before ``@hydra.main`` (the entry points call it at import).
 """
 from __future__ import annotations
@@ -180,6 +181,10 @@ class ClusterConfig:
     # trainer); null = per host, the interface that routes to the first machine
     ifname: Optional[str] = None
     dry_run: bool = False
+    # false: the run directory is private to the user who runs it (folders 0700, files 0600: the
+    # launcher and every process it starts run with umask 077; checkpoints, logs and configs
+    # included); true: the user's own umask decides (e.g. 0755/0644, readable by every local user)
+    share_run_dir: bool = False
     # the module every process runs (`python -m <entry> <overrides>`); the bench's plain DGL
     # reference trainer (benchmarks/plain_dgl.py, from a checkout) is another
     entry: str = "degnn.train"

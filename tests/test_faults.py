@@ -40,9 +40,10 @@ def cfg_of(*overrides):
 
 
 def _cli(tmp_path, *overrides, run_dir=None):
-    return subprocess.run([PY, "-m", "degnn.launch", f"partition.root={tmp_path / 'parts'}",
-                           f"dataset.root={tmp_path / 'data'}",
-                           f"hydra.run.dir={run_dir or tmp_path / 'run'}", *overrides],
+    flags = [o for o in overrides if o.startswith("-")]  # Hydra's (-m) before the overrides
+    return subprocess.run([PY, "-m", "degnn.launch", *flags, f"partition.root={tmp_path / 'parts'}",
+                           f"dataset.root={tmp_path / 'data'}", f"hydra.run.dir={run_dir or tmp_path / 'run'}",
+                           *[o for o in overrides if not o.startswith("-")]],
                           cwd=REPO, capture_output=True, text=True, timeout=budget(120))
 
 
@@ -92,6 +93,19 @@ def test_unusable_run_directories_are_one_line(tmp_path, readonly_dir):
     (["model.layers=0"], "model.layers=0: must be an integer >= 1"),
     (["model.layers=3"], "e.g. model.fanouts=[10,10,10]"),
     (["cluster=netns", "cluster.machines=2", "cluster.subnet=notasubnet"], "cluster.subnet=notasubnet: must be"),
+    # bad model sizes: DGL's C++ code (hidden=0) or a traceback (hidden<0, heads=0) once started
+    (["model.hidden=0"], "model.hidden=0: must be an integer >= 1 (the width of the hidden layers)"),
+    (["model.hidden=-4"], "model.hidden=-4: must be an integer >= 1"),
+    (["model=gat", "model.heads=0"], "model.heads=0: must be an integer >= 1 (the attention heads"),
+    (["model=gat", "model.hidden=130"], "model.hidden=130: model=gat splits it over model.heads=4 heads, "
+                                        "so it must be a multiple of them, e.g. model.hidden=128"),
+    (["model.layers=-1"], "model.layers=-1: must be an integer >= 1"),
+    (["model.dropout=1"], "model.dropout=1.0: must be in [0, 1)"),
+    (["model.dropout=-0.1"], "model.dropout=-0.1: must be in [0, 1)"),
+    (["model.fanouts=[10,-3]"], "got -3"),
+    (["train.batch_size=0"], "train.batch_size=0: must be an integer >= 1"),
+    (["train.lr=0"], "train.lr=0.0: must be a finite number > 0"),
+    (["train.lr=-0.1"], "train.lr=-0.1: must be a finite number > 0"),
 ])
 def test_bad_keys_fanouts_and_subnet_are_refused(overrides, expect):
     from degnn.models import check_model_config
@@ -102,16 +116,147 @@ def test_bad_keys_fanouts_and_subnet_are_refused(overrides, expect):
     assert expect in str(e.value) and "\n" not in str(e.value)
 
 
-def _custom_graph(path, **empty):
+@pytest.mark.parametrize("overrides,expect", [
+    (["train.epochz=3"], "train.epochz: the config has no such key; fix its spelling (train has epochs, batch_size, "),
+    (["pipeline=lamp", "pipeline.bitz=3"], "pipeline.bitz: the config has no such key; fix its spelling "
+                                           "(pipeline has name, services, bits, "),
+    (["trainz.x=3"], "trainz: the config has no such key; fix its spelling (the top level has dataset, model, "),
+    (["train.epochs=abc"], "train.epochs=abc: not an int (e.g. train.epochs=20)"),
+    (["train.batch_size=1.5"], "train.batch_size=1.5: not an int (e.g. train.batch_size=1024)"),
+    (["train.lr=fast"], "train.lr=fast: not a float (e.g. train.lr=0.003)"),
+    (["train.profile=maybe"], "train.profile=maybe: not a bool (true or false) (e.g. train.profile=false)"),
+    (["model.fanouts=[a,b]"], "model.fanouts=[a,b]: model.fanouts[0]=a is not an int"),
+    (["cluster.machines=null"], "cluster.machines=null: cluster.machines cannot be null"),
+    (["model=gcnn"], "model=gcnn: there is no such model config (the choices: gat, gcn, sage)"),
+    (["train.lr=[1,"], "train.lr=[1,: cannot parse this override"),
+])
+def test_mistyped_keys_and_values_are_one_line(overrides, expect):
+    from degnn.launch.preflight import config_error_line
+    with pytest.raises(Exception) as e:  # what Hydra raises while it composes the command line
+        cfg_of(*overrides)
+    line = config_error_line(e.value)
+    assert line.startswith(expect) and "\n" not in line, line
+
+
+@pytest.mark.parametrize("overrides,expect", [
+    (["train.epochz=3"], "degnn.launch: error: train.epochz: the config has no such key"),
+    (["-m", "train.epochs=1,abc"], "degnn.launch: error: train.epochs=abc: not an int"),
+    (["model.hidden=0"], "degnn.launch: error: model.hidden=0: must be an integer >= 1"),
+])
+def test_the_launcher_refuses_bad_keys_and_sizes_in_one_line_leaving_nothing(tmp_path, overrides, expect):
+    # Hydra's own message is several lines with exit status 1; a bad size died in DGL's C++ code
+    run_dir = tmp_path / "new" / "run"
+    r = _cli(tmp_path, *overrides, f"hydra.sweep.dir={run_dir}", run_dir=run_dir)
+    assert _one_error_line(r).startswith(expect)
+    assert not (tmp_path / "new").exists() and not (tmp_path / "parts").exists()
+
+
+def test_a_used_or_busy_run_directory_is_refused(tmp_path):
+    from degnn.launch.preflight import check_run_dir_unused, lock_run_dir
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("old run\n")
+    check_run_dir_unused(str(run))  # Hydra's files alone (a run refused before it started): reusable
+    (run / "curve.jsonl").write_text('{"epoch": 1}\n')
+    with pytest.raises(LaunchError) as e:
+        check_run_dir_unused(str(run))
+    assert str(e.value) == (f"hydra.run.dir={run}: holds another run's results (curve.jsonl); pick a new "
+                            f"hydra.run.dir (or remove that run's directory), or continue that run with "
+                            f"resume={run}")
+    check_run_dir_unused(str(run), resume=str(run))  # resuming it in place
+    # a fresh run into it (it appended epochs 1-3 to the old run's 1-8): one line, the old run untouched
+    line = _one_error_line(_cli(tmp_path, "cluster.dry_run=true", run_dir=run))
+    assert line == f"degnn.launch: error: {e.value}"
+    assert (run / ".hydra" / "config.yaml").read_text() == "old run\n"
+    assert (run / "curve.jsonl").read_text() == '{"epoch": 1}\n'
+    # two runs at once in one directory (both said "ok"): the second is refused while the first holds it
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    fd = lock_run_dir(str(busy))
+    try:
+        with pytest.raises(LaunchError, match=f"another launcher \\(pid {os.getpid()}\\) is running in this"):
+            lock_run_dir(str(busy))
+        line = _one_error_line(_cli(tmp_path, "cluster.dry_run=true", run_dir=busy))
+        assert line == (f"degnn.launch: error: hydra.run.dir={busy}: another launcher (pid {os.getpid()}) is "
+                        f"running in this directory now; wait until it ends, or pick another hydra.run.dir")
+        assert sorted(os.listdir(busy)) == [".degnn.lock"]  # Hydra wrote nothing there
+    finally:
+        os.close(fd)
+    os.close(lock_run_dir(str(busy)))  # free again once the first launcher is gone
+    # a run refused before it starts leaves an existing directory as it found it (no lock file)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "train.epochz: the config has no such key" in _one_error_line(_cli(tmp_path, "train.epochz=3",
+                                                                              run_dir=empty))
+    assert os.listdir(empty) == []
+
+
+def _custom_graph(path, graph=None, label=None, **empty):
     import dgl
-    g = dgl.rand_graph(60, 300)
-    g.ndata["feat"] = torch.randn(60, 4)
-    g.ndata["label"] = torch.arange(60) % 3
+    g = dgl.rand_graph(60, 300) if graph is None else graph
+    n = g.num_nodes()
+    g.ndata["feat"] = torch.randn(n, 4)
+    g.ndata["label"] = torch.arange(n) % 3 if label is None else label
     for i, key in enumerate(("train_mask", "val_mask", "test_mask")):
-        m = torch.arange(60) % 3 == i
-        g.ndata[key] = torch.zeros(60, dtype=torch.bool) if empty.get(key) else m
+        m = (torch.arange(n) % 3 == i) if n >= 3 else torch.ones(n, dtype=torch.bool)
+        g.ndata[key] = torch.zeros(n, dtype=torch.bool) if empty.get(key) else m
     dgl.save_graphs(str(path), [g])
     return str(path)
+
+
+def _load_custom(path, *overrides):
+    from degnn.data import load_dataset
+    return load_dataset(cfg_of("dataset=custom", f"dataset.path={path}", *overrides).dataset)
+
+
+def test_a_stray_label_is_refused_when_the_dataset_loads(tmp_path):
+    from degnn.data import DatasetError
+    # one label 200000 among 0..2: a model of 200,001 classes, out of memory once the cluster ran
+    label = torch.arange(60) % 3
+    label[7] = 200000
+    with pytest.raises(DatasetError) as e:
+        _load_custom(_custom_graph(tmp_path / "stray.bin", label=label))
+    assert str(e.value) == (f"dataset custom: 200001 classes (the model would have an output per class) "
+                            f"but the labels use only 4; the largest label is 200000, at node 7; fix that "
+                            f"stray label, or set dataset.num_classes to the real count")
+    # declared far beyond the labels present
+    with pytest.raises(DatasetError) as e:
+        _load_custom(_custom_graph(tmp_path / "ok.bin"), "dataset.num_classes=5000")
+    assert "5000 classes (the model would have an output per class) but the labels use only 3" in str(e.value)
+    assert _load_custom(tmp_path / "ok.bin", "dataset.num_classes=8").num_classes == 8  # a few unused: fine
+
+
+@pytest.mark.parametrize("mask,what", [("train_mask", "training"), ("val_mask", "validation"),
+                                       ("test_mask", "test")])
+def test_a_label_outside_the_declared_classes_is_refused(mask, what):
+    import dgl
+    from degnn.data import DatasetError, GraphData, finalize
+    g = dgl.rand_graph(30, 120)
+    g.ndata["feat"] = torch.randn(30, 4)
+    g.ndata["label"] = torch.arange(30) % 3
+    for i, key in enumerate(("train_mask", "val_mask", "test_mask")):
+        g.ndata[key] = torch.arange(30) % 3 == i
+    node = {"train_mask": 9, "val_mask": 10, "test_mask": 11}[mask]
+    g.ndata["label"][node] = 3  # the source declares 3 classes (ogb's meta, a generator's knob)
+    data = GraphData(name="d", task="node", graph=g, num_classes=3, metric="acc", evaluate=None)
+    with pytest.raises(DatasetError) as e:
+        finalize(data, True)
+    assert str(e.value) == (f"dataset d: 1 {what} node(s) have a label outside 0..2 (the dataset's 3 "
+                            f"classes), e.g. node {node} has 3; fix those labels (or the dataset's class "
+                            f"count, dataset.num_classes)")
+
+
+def test_degenerate_graphs_are_refused_when_the_dataset_loads(tmp_path):
+    import dgl
+    from degnn.data import DatasetError
+    loops = dgl.graph((torch.arange(30), torch.arange(30)), num_nodes=30)  # failed: "NoneType has no len()"
+    for graph, expect in [(dgl.graph(([], []), num_nodes=30), "the graph has 30 nodes and no edges"),
+                          (loops, "the graph's 30 edges are all self-loops (a node to itself)"),
+                          (dgl.graph(([0], [0]), num_nodes=1), "the graph has 1 node; a GNN needs a graph "
+                                                               "of two nodes or more")]:
+        with pytest.raises(DatasetError) as e:
+            _load_custom(_custom_graph(tmp_path / "g.bin", graph=graph))
+        assert str(e.value).startswith(f"dataset custom: {expect}"), str(e.value)
 
 
 @pytest.mark.parametrize("key", ["train_mask", "val_mask", "test_mask"])

@@ -100,6 +100,41 @@ def test_a_config_of_another_version_is_refused(tmp_path, capsys, change):
     assert "written by another degnn version" in _refused(capsys, run)
 
 
+def test_a_run_directory_naming_code_of_its_own_is_refused(tmp_path, capsys, monkeypatch):
+    """config.yaml is data: a class or service module it names that is neither degnn's nor declared
+    by a pipeline config on the run's search path is not imported (it was: subprocess.Popen)."""
+    from omegaconf import OmegaConf
+
+    marker = tmp_path / "imported"
+    (tmp_path / "evil_mod.py").write_text(f"open({str(marker)!r}, 'w').close()\nclass Thing: pass\n"
+                                          f"SERVICES = []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = _run_dir(tmp_path, pipeline___target_="evil_mod.Thing")
+    err = _refused(capsys, run)
+    assert err == (f"degnn.infer: error: {run}/config.yaml names pipeline._target_=evil_mod.Thing, which is "
+                   f"neither degnn's nor a pipeline its Hydra search path declares: degnn.infer imports no "
+                   f"other code from a run directory; fix pipeline._target_ there")
+    (run / "config.yaml").unlink()
+    run.rename(tmp_path / "run1")
+    run = _run_dir(tmp_path, pipeline__services=["degnn.pipelines.lamp.service", "evil_mod"])
+    assert "names the service module evil_mod (pipeline.services), which is neither" in _refused(capsys, run)
+    assert not marker.exists()
+    # the interpreter an ssh or Slurm run starts on every host: the operator's to name, not the directory's
+    (run / "config.yaml").unlink()
+    run.rename(tmp_path / "run2")
+    run = _run_dir(tmp_path, cluster__python=str(tmp_path / "evil.sh"))
+    assert f"sets cluster.python={tmp_path / 'evil.sh'}, the program every host would run" in _refused(capsys, run)
+    from degnn.infer.run import InferError, check_code
+    # a pipeline of one's own, declared by a config folder on the run's search path, is built
+    plugins = Path(__file__).resolve().parent / "plugins" / "conf"
+    cfg = OmegaConf.create({"pipeline": {"_target_": "localsgd.LocalSGDPipeline", "services": []}})
+    check_code(cfg, run, [f"hydra.searchpath=[file://{plugins}]"])
+    with pytest.raises(InferError, match="pipeline._target_=localsgd.LocalSGDPipeline, which is neither"):
+        check_code(cfg, run, [])
+    with pytest.raises(InferError, match="inside the run directory, on Hydra's search path"):
+        check_code(cfg, run, [f"hydra.searchpath=[file://{run}/conf]"])
+
+
 # --- the loader -----------------------------------------------------------------------------------
 def _write_parts(folder: Path, parts, num_nodes: int) -> None:
     from degnn.infer import PART_FILE, SUMMARY

@@ -8,6 +8,7 @@ import os
 import shlex
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -220,14 +221,16 @@ def test_ssh_ip_config_and_commands(parts, tmp_path):
     assert argv[:-1] == ["ssh", "-o", "StrictHostKeyChecking=no", "-o", "BatchMode=yes",
                          "-p", "2222", "me@10.0.0.2"]
     remote = argv[-1]
-    assert remote.startswith("cd '/ws dir'; (export ") and remote.endswith(")")
+    # the launcher's umask (077 under the CLI: the run directory private) reaches the remote host
+    pre = f"cd '/ws dir'; umask {ssh.current_umask():03o}; ("
+    assert remote.startswith(pre + "export ") and remote.endswith(")")
     assert "RANK=1 " in remote and "GROUP_RANK=1 " in remote and "MASTER_ADDR=10.0.0.1 " in remote
     # the launcher's own interpreter, not whatever `python3` comes first on the remote PATH
     assert f"{shlex.quote(PY)} -m degnn.train " in remote and "'cluster.workspace=/ws dir'" in remote
     ov2 = [*ov, "cluster.python=/opt/py/bin/python"]
     assert make_plan(cfg_of(*ov2), str(tmp_path / "run"), parts[2], ov2).procs[0].argv[0] == "/opt/py/bin/python"
     # the remote shell gets back exactly the argv
-    inner = remote[len("cd '/ws dir'; ("):-1].split("; ", 1)[1]
+    inner = remote[len(pre):-1].split("; ", 1)[1]
     assert subprocess.run(["sh", "-c", f"printf '%s\\n' {inner}"], capture_output=True,
                           text=True).stdout.splitlines() == t.argv
     run = str(tmp_path / "run")
@@ -339,6 +342,11 @@ def test_cli_multirun_runs_one_cluster_per_job(tmp_path):
         argv = (sweep / job / "rank0.log").read_text()
         assert f"'train.seed={seed}'" in argv and f"'hydra.run.dir={sweep / job}'" in argv
         assert "'-m'" not in argv and "'--multirun'" not in argv  # processes never sweep
+    # private by default (cluster.share_run_dir=false): logs, configs, the summary, every folder
+    modes = {str(p.relative_to(sweep)): stat.S_IMODE(p.stat().st_mode) for p in [sweep, *sweep.rglob("*")]}
+    assert {"0/summary.json", "0/rank0.log", "0/.hydra/config.yaml", "1/launch.log", "multirun.yaml"} <= set(modes)
+    wrong = {p: oct(m) for p, m in modes.items() if m != (0o700 if (sweep / p).is_dir() else 0o600)}
+    assert not wrong, wrong
 
 
 def test_cli_partitioner_error_is_one_line(tmp_path):
@@ -408,11 +416,11 @@ def test_bad_numbers_are_one_line_naming_the_key(parts, tmp_path, overrides, exp
     one_line_error(lambda: make_plan(cfg_of(*overrides), str(tmp_path), parts[1], []))
 
 
-def _cli(tmp_path, *overrides):
+def _cli(tmp_path, *overrides, umask=None):
     return subprocess.run([PY, "-m", "degnn.launch", f"partition.root={tmp_path / 'parts'}",
                            f"dataset.root={tmp_path / 'data'}", f"hydra.run.dir={tmp_path / 'run'}",
                            *overrides], cwd=REPO, capture_output=True, text=True,
-                          timeout=budget(120))
+                          timeout=budget(120), preexec_fn=None if umask is None else lambda: os.umask(umask))
 
 
 @pytest.mark.parametrize("overrides,expect", [
@@ -431,8 +439,14 @@ def test_cli_refuses_before_partitioning(tmp_path, overrides, expect):
 def test_cli_dry_run_prints_the_plan_before_building_anything(tmp_path):
     from degnn.partition_cache import ensure_partitions, planned_partitions
 
-    r = _cli(tmp_path, "cluster=netns", "cluster.machines=2", "cluster.dry_run=true")
+    r = _cli(tmp_path, "cluster=netns", "cluster.machines=2", "cluster.dry_run=true",
+             "cluster.share_run_dir=true", umask=0o027)
     assert r.returncode == 0, r.stderr[-2000:]
+    # cluster.share_run_dir=true: the user's own umask (the run directory is private by default)
+    run = tmp_path / "run"
+    modes = {str(p.relative_to(run)): stat.S_IMODE(p.stat().st_mode) for p in [run, *run.rglob("*")]}
+    assert {".", ".hydra", ".hydra/config.yaml", "launch.log"} <= set(modes)
+    assert all(m == (0o750 if (run / p).is_dir() else 0o640) for p, m in modes.items()), modes
     assert "  rank1 [trainer]" in r.stdout and "  server1 [server]" in r.stdout
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("partitions: ") and last.endswith(" (not built yet: a real run builds it first)")

@@ -134,18 +134,75 @@ def check_finite(name: str, ndata: Dict[str, torch.Tensor]) -> None:
                                f"fix or drop those nodes")
 
 
+# a class count this much beyond the classes the labels use (and at least this large) is a stray
+# label or a typo, not a dataset: the model's output layer and every batch's logits have one
+# column per class (one label 200000 among 0..2 made a model of 200,001 classes that ran out of
+# memory)
+SPARSE_CLASSES = (10, 1000)
+
+
+def check_graph(name: str, g: dgl.DGLGraph) -> None:
+    """A graph a GNN can train on: two nodes or more, and an edge between two different nodes
+    (DGL's samplers and the partitioners fail on the rest with messages that name neither)."""
+    n = g.num_nodes()
+    if n < 2:
+        raise DatasetError(f"dataset {name}: the graph has {n} node{'s' if n != 1 else ''}; a GNN "
+                           f"needs a graph of two nodes or more, joined by edges")
+    src, dst = g.edges()
+    if g.num_edges() == 0:
+        raise DatasetError(f"dataset {name}: the graph has {n} nodes and no edges; a GNN passes "
+                           f"messages along edges: give the graph its edges")
+    if not bool((src != dst).any()):
+        raise DatasetError(f"dataset {name}: the graph's {g.num_edges()} edges are all self-loops "
+                           f"(a node to itself); a GNN needs edges between different nodes")
+
+
+def check_labels(name: str, nd: Dict[str, torch.Tensor], num_classes: int) -> None:
+    """Every training, validation and test node's label is a class of the dataset, 0 ..
+    num_classes-1, and num_classes is not far beyond the classes the labels use."""
+    label = nd["label"].reshape(-1).long()
+    for key, what in (("train_mask", "training"), ("val_mask", "validation"), ("test_mask", "test")):
+        if key not in nd:
+            continue
+        mask = nd[key].bool()
+        bad = mask & ((label < 0) | (label >= num_classes))
+        if bool(bad.any()):
+            node = int(bad.nonzero()[0, 0])
+            raise DatasetError(f"dataset {name}: {int(bad.sum())} {what} node(s) have a label outside "
+                               f"0..{num_classes - 1} (the dataset's {num_classes} classes), e.g. node "
+                               f"{node} has {int(label[node])}; fix those labels (or the dataset's "
+                               f"class count, dataset.num_classes)")
+    # every labelled node (a label outside the splits also sets a class count taken from the labels)
+    factor, least = SPARSE_CLASSES
+    if num_classes < least:
+        return
+    known = label[(label >= 0) & (label < num_classes)]
+    present = len(torch.unique(known))
+    if num_classes > factor * max(present, 1):
+        top = int(known.max()) if len(known) else -1
+        where = int((label == top).nonzero()[0, 0]) if top >= 0 else None
+        raise DatasetError(f"dataset {name}: {num_classes} classes (the model would have an output "
+                           f"per class) but the labels use only {present}"
+                           + (f"; the largest label is {top}, at node {where}" if where is not None else "")
+                           + "; fix that stray label, or set dataset.num_classes to the real count")
+
+
 def finalize(data: GraphData, to_bidirected: bool) -> GraphData:
-    """Normalize dtypes, keep only the standard ndata and optionally make the graph bidirected."""
+    """Check the graph and its labels, normalize dtypes, keep only the standard ndata and
+    optionally make the graph bidirected."""
     g = data.graph
     keys = _NODE_KEYS if data.task == "node" else ("feat",)
     nd = {k: g.ndata[k] for k in keys if k in g.ndata}
     check_finite(data.name, nd)
+    check_graph(data.name, g)
     nd["feat"] = nd["feat"].float()
     if "label" in nd:
         nd["label"] = nd["label"].reshape(-1).long()
     for k in ("train_mask", "val_mask", "test_mask"):
         if k in nd:
             nd[k] = nd[k].bool()
+    if "label" in nd:
+        check_labels(data.name, nd, int(data.num_classes))
     if to_bidirected:
         # reverse edges added, duplicates merged; self-loops carry no neighbour information
         g = dgl.remove_self_loop(dgl.to_bidirected(dgl.graph(g.edges(), num_nodes=g.num_nodes())))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -58,6 +59,8 @@ def main(argv=None) -> int:
         cfg = run_config(run_dir, args.overrides)
         load_best_model(run_dir)  # before anything starts: the file is there and readable
         part_config = run_partitions(cfg, run_dir)
+        if not cfg.cluster.get("share_run_dir"):  # private, like the run's own directory
+            os.umask(0o077)
         check_run_dir(str(out), "--out")
     except (InferError, LaunchError) as e:
         _fail(str(e))

@@ -87,13 +87,69 @@ def run_config(run_dir, overrides: Sequence[str] = ()):
         cfg = OmegaConf.merge(base, saved)
     except OmegaConfBaseException as e:
         raise InferError(other.format(_first_line(e))) from None
+    check_code(cfg, run_dir, searchpath)
     check_overrides(overrides)
+    python = cfg.cluster.get("python")
+    if python and not any(o.split("=", 1)[0] == "cluster.python" for o in overrides):
+        raise InferError(f"{run_dir}/{CONFIG_FILE} sets cluster.python={python}, the program every "
+                         f"host would run: degnn.infer runs no program a run directory names; pass "
+                         f"cluster.python={python} to degnn.infer if it is yours")
     if overrides:
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
         except OmegaConfBaseException as e:
             raise InferError(f"{_first_line(e)}; fix the KEY=VALUE given to degnn.infer") from None
     return cfg
+
+
+def _searchpath_dirs(searchpath: Sequence[str]) -> List[str]:
+    """The folders `hydra.searchpath=[file://DIR,...]` overrides name."""
+    import re
+
+    return [m for o in searchpath for m in re.findall(r"file://([^,\]'\"]+)", str(o))]
+
+
+def check_code(cfg, run_dir: Path, searchpath: Sequence[str]) -> None:
+    """A run directory is data, not code: config.yaml names the pipeline class (pipeline._target_)
+    and the modules of its RPC services (pipeline.services), which every process imports. Only
+    degnn's own (modules under `degnn.`) and what a pipeline config on the run's Hydra search path
+    declares (a pipeline of one's own, as the launcher found it) are imported; anything else (a
+    run directory from elsewhere naming subprocess.Popen) is refused before anything starts."""
+    from omegaconf import OmegaConf
+
+    from degnn.config import CONF_DIR
+
+    dirs = _searchpath_dirs(searchpath)
+    inside = [d for d in dirs if Path(d).resolve().is_relative_to(run_dir.resolve())]
+    if inside:
+        raise InferError(f"{run_dir}/.hydra/hydra.yaml puts {inside[0]}, inside the run directory, on "
+                         f"Hydra's search path: a run directory holds no code; put the pipeline's "
+                         f"config folder elsewhere and train again")
+    targets, services = set(), set()
+    for d in [CONF_DIR, *dirs]:
+        for f in sorted(Path(d, "pipeline").glob("*.yaml")):
+            try:
+                declared = OmegaConf.load(f)
+            except Exception:  # noqa: BLE001 - not a config: declares nothing
+                continue
+            if declared.get("_target_"):
+                targets.add(str(declared._target_))
+            services.update(str(m) for m in (declared.get("services") or []))
+
+    def ours(name: str) -> bool:
+        return name.startswith("degnn.")
+
+    target = str(cfg.pipeline.get("_target_") or "")
+    if not (ours(target) or target in targets):
+        raise InferError(f"{run_dir}/{CONFIG_FILE} names pipeline._target_={target}, which is neither "
+                         f"degnn's nor a pipeline its Hydra search path declares: degnn.infer imports "
+                         f"no other code from a run directory; fix pipeline._target_ there")
+    for module in cfg.pipeline.get("services") or []:
+        if not (ours(str(module)) or str(module) in services):
+            raise InferError(f"{run_dir}/{CONFIG_FILE} names the service module {module} "
+                             f"(pipeline.services), which is neither degnn's nor one a pipeline on "
+                             f"its Hydra search path declares: degnn.infer imports no other code "
+                             f"from a run directory; fix pipeline.services there")
 
 
 def load_best_model(run_dir) -> dict:

@@ -2,7 +2,7 @@
 the config key the user set (or the file) and the fix.
 
 `check_config(cfg)`: keys the schema does not have, the numbers (train.*, cluster counts,
-bandwidth, timeouts), the model's layers and fan-outs, the netns subnet.
+bandwidth, timeouts), the model's sizes (hidden, heads, dropout, layers, fan-outs), the netns subnet.
 `check_resume_dir(cfg, trainers)`: `resume=` (directory, checkpoint, matching config).
 `check_run_dir(path, key)`: the run directory can be created and written (before Hydra does).
 """
@@ -16,10 +16,10 @@ import os
 from .plan import LaunchError
 
 
-def _int_at_least(cfg, key: str, low: int, why: str = "") -> None:
+def _int_at_least(cfg, key: str, low: int, why: str = "", prefix: str = "") -> None:
     value = _value(cfg, key)
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise LaunchError(f"{key}={value}: must be an integer >= {low}{why}")
+        raise LaunchError(f"{prefix}{key}={value}: must be an integer >= {low}{why}")
 
 
 def _positive(cfg, key: str, allow_zero: bool = False) -> None:
@@ -66,10 +66,7 @@ def check_config(cfg) -> None:
     _positive(cfg, "train.min_delta", allow_zero=True)
     _positive(cfg, "train.lr")
     _positive(cfg, "train.weight_decay", allow_zero=True)
-    dropout = cfg.model.dropout
-    if not (isinstance(dropout, (int, float)) and 0 <= dropout < 1):
-        raise LaunchError(f"model.dropout={dropout}: must be in [0, 1)")
-    check_fanouts(cfg.model)
+    check_model_sizes(cfg.model)
     cl = cfg.cluster
     if cl.get("fault_timeout_s") is not None:
         raise LaunchError("cluster.fault_timeout_s was renamed: it is the grace period between "
@@ -104,6 +101,23 @@ def check_config(cfg) -> None:
                           f"for cluster={cl.kind}")
     if cl.kind == "netns":
         check_subnet(str(cl.subnet))
+
+
+def check_model_sizes(model) -> None:
+    """The model's widths, dropout, layers and fan-outs: a zero or negative width dies in DGL's or
+    torch's C++ code once the cluster is up (hidden=0), or in a traceback (heads=0)."""
+    _int_at_least(model, "hidden", 1, " (the width of the hidden layers)", prefix="model.")
+    _int_at_least(model, "heads", 1, " (the attention heads of model=gat)", prefix="model.")
+    if model.name == "gat" and model.layers > 1 and model.hidden % model.heads:
+        fit = max(model.heads, model.hidden - model.hidden % model.heads)
+        raise LaunchError(f"model.hidden={model.hidden}: model=gat splits it over model.heads="
+                          f"{model.heads} heads, so it must be a multiple of them, e.g. "
+                          f"model.hidden={fit}")
+    dropout = model.dropout
+    if not (isinstance(dropout, (int, float)) and not isinstance(dropout, bool) and 0 <= dropout < 1):
+        raise LaunchError(f"model.dropout={dropout}: must be in [0, 1) (the share of activations "
+                          f"dropped in training)")
+    check_fanouts(model)
 
 
 def check_fanouts(model) -> None:
@@ -169,3 +183,135 @@ def check_resume_dir(cfg, trainers: int) -> None:
         check_resume(cfg, trainers)
     except CheckpointError as e:
         raise LaunchError(str(e)) from None
+
+
+_TYPE_WORDS = {"Integer": "an int", "Float": "a float", "Boolean": "a bool (true or false)",
+               "String": "a string"}
+
+
+def config_error_line(e: BaseException) -> str:
+    """One line for an error Hydra or OmegaConf raised while composing the config from the command
+    line (a key the schema lacks, a value of the wrong type, a config group option that does not
+    exist, an override that does not parse): the key, what is wrong and the fix."""
+    import re
+
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    first = _first_line(e)
+    if isinstance(e, OverrideParseException):
+        return (f"{e.override}: cannot parse this override ({e.message.splitlines()[0]}); write "
+                f"KEY=VALUE (quote lists and strings with spaces for the shell)")
+    if isinstance(e, MissingConfigException) and e.missing_cfg_file and e.options is not None:
+        group, _, name = str(e.missing_cfg_file).rpartition("/")
+        return (f"{group}={name}: there is no such {group} config (the choices: "
+                f"{', '.join(e.options)})")
+    cause = e.__cause__
+    # "Error merging override KEY=VALUE": the override as written
+    m = re.match(r"Error merging override (.*)$", first)
+    override = m.group(1) if m else None
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and getattr(cause, "full_key", None):
+        key = str(cause.full_key)
+        where, _, _ = key.rpartition(".")
+        known = _keys_of(getattr(cause, "parent_node", None))
+        if where:
+            has = f"{where} has {', '.join(known)}" if known else f"see {where} in docs/config.md"
+        else:
+            has = f"the top level has {', '.join(known)}" if known else "see docs/config.md"
+        return f"{key}: the config has no such key; fix its spelling ({has})"
+    if isinstance(cause, ValidationError) and getattr(cause, "full_key", None):
+        key = str(cause.full_key)
+        msg = _first_line(cause)
+        override = override or key
+        t = re.search(r"could not be converted to (\w+)", msg)
+        if t:
+            what = _TYPE_WORDS.get(t.group(1), t.group(1))
+            bad = re.match(r"Value '(.*)' of type", msg)
+            top = override.split("=", 1)[0].lstrip("+~")
+            if key == top:
+                return f"{override}: not {what}{_example(cause, key)}"
+            return f"{override}: {key}={bad.group(1) if bad else '?'} is not {what}"
+        t = re.search(r"is not a valid (\w+)", msg)
+        if t:
+            what = {"bool": "a bool (true or false)", "int": "an int", "float": "a float"}.get(t.group(1), t.group(1))
+            return f"{override}: not {what}{_example(cause, key)}"
+        if "is not Optional" in msg:
+            return f"{override}: {key} cannot be null; give it a value (docs/config.md)"
+        return f"{override}: {msg}"
+    if cause is not None and override:
+        return f"{override}: {_first_line(cause)}"
+    # Hydra's own words, its lines joined (e.g. "+train=3": the second line names the fix)
+    text = " ".join(l.strip() for l in str(e).strip().splitlines() if l.strip()) or type(e).__name__
+    return text + (f" ({_first_line(cause)})" if cause is not None else "")
+
+
+def _example(cause, key: str) -> str:
+    """` (e.g. KEY=<its value in the config>)`, or nothing where that value is not at hand."""
+    try:
+        value = cause.parent_node._get_node(cause.key)._value()
+    except Exception:  # noqa: BLE001 - no parent node (a list item): no example
+        return ""
+    if value is None or isinstance(value, (dict, list)):
+        return ""
+    return f" (e.g. {key}={str(value).lower() if isinstance(value, bool) else value})"
+
+
+def _keys_of(node) -> list:
+    try:
+        return [str(k) for k in node.keys() if k != "hydra" and not str(k).startswith("_")]
+    except Exception:  # noqa: BLE001 - a node without keys (a list): no list to give
+        return []
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0].strip() if text else type(e).__name__
+
+
+# what a run leaves that a fresh run would mix with its own (curve.jsonl appended to, the best
+# model and checkpoint replaced, the summary of one describing the other)
+RESULT_FILES = ("summary.json", "curve.jsonl", "checkpoint.pt", "best_model.pt")
+# held (fcntl.flock) by the launcher while a run uses its directory
+LOCK_FILE = ".degnn.lock"
+
+
+def check_run_dir_unused(path: str, key: str = "hydra.run.dir", resume=None) -> None:
+    """A run directory that holds another run's results is refused, unless this run resumes that
+    one in place (`resume=` the same directory)."""
+    full = os.path.abspath(os.path.expanduser(path))
+    if not os.path.isdir(full):
+        return
+    if resume and os.path.abspath(os.path.expanduser(str(resume))) == full:
+        return
+    found = [f for f in RESULT_FILES if os.path.exists(os.path.join(full, f))]
+    if found:
+        raise LaunchError(f"{key}={path}: holds another run's results ({found[0]}); pick a new "
+                          f"{key} (or remove that run's directory), or continue that run with "
+                          f"resume={path}")
+
+
+def lock_run_dir(path: str, key: str = "hydra.run.dir") -> int:
+    """Take the run directory for this launcher (an exclusive flock on LOCK_FILE in it, held as long
+    as the returned descriptor is open: until this launcher ends); LaunchError when another
+    launcher holds it."""
+    import fcntl
+
+    full = os.path.abspath(os.path.expanduser(path))
+    lock = os.path.join(full, LOCK_FILE)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)  # the umask decides, like every file here
+    except OSError as e:
+        raise LaunchError(f"{key}={path}: cannot create {LOCK_FILE} there ({e.strerror}); pick a "
+                          f"writable {key}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        try:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        finally:
+            os.close(fd)
+        raise LaunchError(f"{key}={path}: another launcher (pid {holder}) is running in this "
+                          f"directory now; wait until it ends, or pick another {key}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd

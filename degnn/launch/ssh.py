@@ -44,10 +44,18 @@ def forwarded_env(environ: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return {k: v for k, v in environ.items() if k.startswith("DEGNN_") and k != "DEGNN_LAUNCHED"}
 
 
+def current_umask() -> int:
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
 def remote_command(proc: Proc, workspace: Optional[str],
                    extra_env: Optional[Dict[str, str]] = None) -> str:
     cd = f"cd {shlex.quote(workspace)}; " if workspace else ""
-    return f"{cd}({proc.shell(extra_env)})"
+    # the launcher's umask (private run directories unless cluster.share_run_dir): a local child
+    # inherits it, a process started over ssh gets the remote login's own
+    return f"{cd}umask {current_umask():03o}; ({proc.shell(extra_env)})"
 
 
 def ssh_argv(proc: Proc, host: str, *, workspace: Optional[str], port: int = 22,

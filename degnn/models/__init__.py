@@ -51,6 +51,8 @@ class GNN(nn.Module):
             raise ValueError(f"model.layers must be >= 1, got {layers}")
         if kind not in KINDS:
             raise ValueError(f"unknown model '{kind}': choose sage, gcn or gat")
+        if hidden < 1 or heads < 1:
+            raise ValueError(f"model.hidden={hidden}, model.heads={heads}: both must be >= 1")
         if kind == "gat" and layers > 1 and hidden % heads:
             raise ValueError(f"model.hidden ({hidden}) must be divisible by model.heads ({heads})")
         self.kind = kind
