@@ -119,7 +119,7 @@ def test_bad_keys_fanouts_and_subnet_are_refused(overrides, expect):
 @pytest.mark.parametrize("overrides,expect", [
     (["train.epochz=3"], "train.epochz: the config has no such key; fix its spelling (train has epochs, batch_size, "),
     (["pipeline=lamp", "pipeline.bitz=3"], "pipeline.bitz: the config has no such key; fix its spelling "
-                                           "(pipeline has name, services, bits, "),
+                                           "(pipeline has name, services, codec, bits, "),
     (["trainz.x=3"], "trainz: the config has no such key; fix its spelling (the top level has dataset, model, "),
     (["train.epochs=abc"], "train.epochs=abc: not an int (e.g. train.epochs=20)"),
     (["train.batch_size=1.5"], "train.batch_size=1.5: not an int (e.g. train.batch_size=1024)"),

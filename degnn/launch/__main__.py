@@ -28,8 +28,8 @@ try:  # torch and DGL take seconds to import: Ctrl-C meanwhile is one line, not 
 
     from .plan import LaunchError
     from .supervisor import STOP_SIGNALS
-    from .preflight import (LOCK_FILE, check_config, check_resume_dir, check_run_dir,
-                            check_run_dir_unused, config_error_line, lock_run_dir)
+    from . import rundir
+    from .preflight import check_config, check_resume_dir, check_run_dir, config_error_line
 except KeyboardInterrupt:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # leaving: Ctrl-C again changes nothing (rc stays 130)
     print("degnn.launch: error: interrupted while starting; nothing was started", file=sys.stderr,
@@ -39,88 +39,11 @@ except KeyboardInterrupt:
 register_configs()
 
 
-# the run directory this launcher made (the topmost folder it created), with whether it may go
-# whole: a run refused before anything started leaves nothing behind (a sweep's folder only when
-# it is still empty: an earlier job of the sweep may have written there)
-_MADE: list = []
-
-
-# the umask the launcher was started with; it runs with 077 (the run directory private) unless
-# cluster.share_run_dir (None: main() was not entered through cli())
-_USER_UMASK = None
-
-
-def _with_user_umask(fn, *args):
-    """fn(*args) under the user's own umask: the dataset and partition caches are shared, the
-    run directory is not."""
-    if _USER_UMASK is None:
-        return fn(*args)
-    private = os.umask(_USER_UMASK)
-    try:
-        return fn(*args)
-    finally:
-        os.umask(private)
-
-
-def _run_dir_modes(run_dir: str, share: bool, sweep_dir) -> None:
-    """The umask of this job, and what was made so far (the run directory, Hydra's files in it;
-    shared: the folders made for it too) as that umask makes it. cluster.share_run_dir=true: the
-    user's umask; else 077 (again: a sweep's earlier job may have shared its own)."""
-    if _USER_UMASK is None:
-        return
-    mask = _USER_UMASK if share else 0o077
-    if os.umask(mask) == mask:
-        return  # what was made was made under this umask
-    dirs, files = 0o777 & ~mask, 0o666 & ~mask
-    paths = []
-    for top, leaf, _ in _MADE if share else ():
-        if not os.path.isdir(top):
-            continue
-        path = leaf
-        while path.startswith(top):
-            paths.append((path, dirs))
-            path = os.path.dirname(path)
-    if share and sweep_dir and os.path.isdir(sweep_dir):
-        paths += [(sweep_dir, dirs), (os.path.join(sweep_dir, "multirun.yaml"), files)]
-    for root, subdirs, names in os.walk(run_dir):
-        paths.append((root, dirs))
-        paths += [(os.path.join(root, n), files) for n in names]
-    for path, mode in paths:
-        try:
-            os.chmod(path, mode)
-        except OSError:
-            pass
-
-
-def _remove_made() -> None:
-    import shutil
-
-    for top, leaf, whole in _MADE:
-        if whole:
-            if os.path.isdir(top):
-                shutil.rmtree(top, ignore_errors=True)
-            elif os.path.lexists(top):  # a lock file this launcher made
-                os.unlink(top)
-            continue
-        if os.path.isdir(leaf) and os.listdir(leaf) == ["multirun.yaml"]:  # Hydra's, no job yet
-            os.unlink(os.path.join(leaf, "multirun.yaml"))
-        path = leaf
-        while True:  # the empty folders, from the leaf up to the topmost made
-            try:
-                os.rmdir(path)
-            except OSError:
-                break
-            if path == top:
-                break
-            path = os.path.dirname(path)
-    _MADE.clear()
-
-
 def _fail(msg: str, code: int = 2) -> None:
     # one line, no traceback: bad input must read like a message, not a crash
     if code > 128:  # an interrupt: the clean-up is done, a signal more while leaving changes nothing
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _remove_made()
+    rundir.remove_made()
     print(f"degnn.launch: error: {msg}", file=sys.stderr, flush=True)
     sys.exit(code)
 
@@ -147,35 +70,6 @@ def _print_partition_report(part_config) -> None:
     print(f"partitions: {part_config}", flush=True)
 
 
-# run directory -> the descriptor of its lock (preflight.lock_run_dir), held while its run goes on
-_LOCKS: dict = {}
-
-
-def _take_run_dir(run_dir: str, key: str, resume) -> None:
-    """Lock the run directory for this launcher, then refuse one that holds another run's results
-    (LaunchError)."""
-    full = os.path.abspath(run_dir)
-    if full in _LOCKS:
-        return
-    lock = os.path.join(full, LOCK_FILE)
-    created = not os.path.exists(lock)
-    fd = lock_run_dir(run_dir, key)
-    try:
-        check_run_dir_unused(run_dir, key, resume)
-    except LaunchError:
-        os.close(fd)
-        raise
-    _LOCKS[full] = fd
-    if created:
-        _MADE.append((lock, lock, True))  # a run refused before it starts leaves none behind
-
-
-def _release_run_dirs() -> None:
-    for fd in _LOCKS.values():
-        os.close(fd)
-    _LOCKS.clear()
-
-
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
@@ -184,7 +78,7 @@ def main(cfg: DictConfig) -> None:
         e._degnn_job = True  # the job's own error, not a bad command line: Hydra reports it
         raise
     finally:
-        _release_run_dirs()  # a sweep's next job has a directory of its own
+        rundir.release_all()  # a sweep's next job has a directory of its own
 
 
 def _job(cfg: DictConfig) -> None:
@@ -194,10 +88,10 @@ def _job(cfg: DictConfig) -> None:
 
     hc = HydraConfig.get()
     run_dir = hc.runtime.output_dir
-    _run_dir_modes(run_dir, bool(cfg.cluster.get("share_run_dir")),
+    rundir.set_modes(run_dir, bool(cfg.cluster.get("share_run_dir")),
                    hc.sweep.dir if hc.mode.name == "MULTIRUN" else None)
     try:  # a sweep's job (or a run directory only Hydra names): taken here, once Hydra made it
-        _take_run_dir(run_dir, "hydra.run.dir", cfg.get("resume"))
+        rundir.take(run_dir, "hydra.run.dir", cfg.get("resume"))
     except LaunchError as e:
         _fail(str(e))
     task = list(hc.overrides.task)
@@ -256,7 +150,7 @@ def _job(cfg: DictConfig) -> None:
 
     old = {s: signal.signal(s, on_interrupt) for s in STOP_SIGNALS}
     try:
-        part_config = _with_user_umask(ensure_partitions, cfg.dataset, cfg.partition)
+        part_config = rundir.with_user_umask(ensure_partitions, cfg.dataset, cfg.partition)
     except KeyboardInterrupt:
         interrupted.append(signal.SIGINT)
     except Exception as e:  # the partitioner's own message (dataset missing, bad method, ...)
@@ -280,7 +174,7 @@ def _job(cfg: DictConfig) -> None:
 def _launch(cfg, run_dir: str, part_config: str, task: list) -> None:
     from .launcher import launch
 
-    _MADE.clear()  # from here on the run directory is the run's: its summary says what happened
+    rundir.forget_made()  # from here on the run directory is the run's: its summary says what happened
     try:
         rc = launch(cfg, run_dir, part_config, task,
                     entry=os.environ.get("DEGNN_ENTRY") or cfg.cluster.entry)
@@ -315,19 +209,6 @@ def _given(argv, key: str):
     return values[-1] if values else None
 
 
-def _first_missing(path: str):
-    """The topmost folder of `path` that does not exist yet (None: it exists, or only Hydra
-    resolves it)."""
-    if "${" in path:
-        return None
-    full = os.path.abspath(os.path.expanduser(path))
-    if os.path.exists(full):
-        return None
-    while not os.path.exists(os.path.dirname(full)):
-        full = os.path.dirname(full)
-    return full
-
-
 def _config_errors_in_one_line() -> None:
     """Hydra prints its own message of several lines (exit status 1) for a key the schema lacks, a
     value of the wrong type or an override that does not parse, before any job runs: print
@@ -354,25 +235,24 @@ def _config_errors_in_one_line() -> None:
 
 def cli() -> None:
     """The command line (`python -m degnn.launch`, the `degnn-launch` console script)."""
-    global _USER_UMASK
     try:
         if "--cleanup" in sys.argv[1:]:  # leftovers of launchers that are gone (cleanup.py)
             from .cleanup import main as cleanup_main
             sys.exit(cleanup_main([a for a in sys.argv[1:] if a != "--cleanup"]))
         # the run directory is private from its first folder on: every file the launcher and
         # the processes it starts write (cluster.share_run_dir=true gives the user's umask back)
-        _USER_UMASK = os.umask(0o077)
+        rundir.keep_private()
         try:
             for key, value in _run_dir_args(sys.argv[1:]):
-                new = _first_missing(value)
+                new = rundir.first_missing(value)
                 check_run_dir(value, key)
                 named = _given(sys.argv[1:], key) is not None
                 if new:  # a folder of the user's naming goes whole; ./runs, shared by runs, when empty
-                    _MADE.append((new, os.path.abspath(os.path.expanduser(value)),
-                                  key == "hydra.run.dir" and named))
+                    rundir.note_made(new, os.path.abspath(os.path.expanduser(value)),
+                                     key == "hydra.run.dir" and named)
                 if key == "hydra.run.dir" and named and "${" not in value:
                     # before Hydra writes its files there: not over another run's
-                    _take_run_dir(os.path.expanduser(value), key, _given(sys.argv[1:], "resume"))
+                    rundir.take(os.path.expanduser(value), key, _given(sys.argv[1:], "resume"))
         except LaunchError as e:
             _fail(str(e))
         # name the job (Hydra would call it "__main__": <run dir>/__main__.log)
