@@ -585,6 +585,11 @@ def test_a_failed_tma_runs_summary_counts_rounds(tmp_path):
     s = write_failure(str(tmp_path), cfg_of("pipeline=tma"), "trainer rank 0 was killed", None, 2, 2)
     assert (s["epochs"], s["best_epoch"], s["best_val"], s["test_final"]) == (3, 2, 0.7, 0.55)
     assert json.loads((tmp_path / "summary.json").read_text())["epochs"] == 3
+    assert "trainers_died" not in s
+    # every trainer died: the failure summary records them, as a finished run's does
+    s = write_failure(str(tmp_path), cfg_of("pipeline=tma"), "every trainer died", None, 2, 2,
+                      dead_trainers=[1, 0])
+    assert s["trainers_died"] == [0, 1]
 
 
 @needs_netns

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from degnn.launch.hang import HangWatch, process_state
+from degnn.launch.hang import HangWatch, StopWatch, process_state
 from degnn.runtime.heartbeat import Heartbeat
 
 
@@ -102,6 +102,46 @@ def test_process_state_sees_sigstop():
         p.send_signal(signal.SIGSTOP)
         time.sleep(0.2)
         assert process_state(p.pid) == "stopped"
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _wait_state(pid, want):
+    for _ in range(50):
+        if process_state(pid) == want:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"pid {pid} never {want}")
+
+
+def test_a_process_stopped_by_a_signal_is_named_once_it_stays_stopped():
+    import signal
+    import subprocess
+    p = subprocess.Popen(["sleep", "30"])
+    r = SimpleNamespace(rc=None, popen=p, proc=SimpleNamespace(name="rank1"))
+    clock = Clock()
+    w = StopWatch(5, clock=clock)
+    try:
+        assert w.check([r]) is None
+        p.send_signal(signal.SIGSTOP)
+        _wait_state(p.pid, "stopped")
+        clock.t = 10
+        assert w.check([r]) is None  # first seen stopped now
+        clock.t = 14
+        assert w.check([r]) is None
+        clock.t = 15.5
+        assert w.check([r]) == (r, 5.5, "stopped")
+        p.send_signal(signal.SIGCONT)  # resumed: forgotten; stopped again: counted afresh
+        _wait_state(p.pid, None)
+        clock.t = 16
+        assert w.check([r]) is None
+        p.send_signal(signal.SIGSTOP)
+        _wait_state(p.pid, "stopped")
+        clock.t = 17
+        assert w.check([r]) is None
+        clock.t = 22
+        assert w.check([r]) == (r, 5, "stopped")
     finally:
         p.kill()
         p.wait()

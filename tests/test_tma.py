@@ -322,14 +322,52 @@ def test_supervisor_default_policy_stops_everything_when_a_trainer_dies(tmp_path
     assert not out.ok and out.failed.index == 1 and out.failed.role == "trainer"
 
 
+ALL_DIE = "import os, sys, time; time.sleep(0.5 + 0.7 * int(os.environ['RANK'])); sys.exit(1)"
+
+
 def test_supervisor_tolerant_policy_still_stops_on_a_dead_server_or_no_trainer_left(tmp_path):
     out = Supervisor(_plan(tmp_path, "import time; time.sleep(600)", "import sys; sys.exit(3)"),
                      tolerate_trainer_faults=True, poll_s=0.1, console=open(os.devnull, "wb"),
                      say=lambda m: None).run()
     assert not out.ok and out.failed.role == "server"
-    out = Supervisor(_plan(tmp_path, "import sys; sys.exit(1)"), tolerate_trainer_faults=True, poll_s=0.1,
-                     console=open(os.devnull, "wb"), say=lambda m: None).run()
+    said = []
+    out = Supervisor(_plan(tmp_path, ALL_DIE), tolerate_trainer_faults=True, poll_s=0.1,
+                     console=open(os.devnull, "wb"), say=said.append).run()
     assert not out.ok and out.failed.role == "trainer" and len(out.dead_trainers) == 3
+    deaths = [s for s in said if "exited with code 1" in s and s.startswith("trainer rank")]
+    assert [d.split(" (")[0] for d in deaths] == ["trainer rank 0", "trainer rank 1", "trainer rank 2"]
+    assert all("the other trainers go on without it" in d for d in deaths[:2]), deaths
+    assert "no trainer is left" in deaths[2] and "go on" not in deaths[2], deaths
+    # the fault line names every trainer that died, not only the last one
+    assert out.message.startswith("every trainer died, no trainer is left: "), out.message
+    assert all(f"trainer rank {r} (machine 0) pid " in out.message for r in range(3)), out.message
+    assert not fake_entry.processes_mentioning("time.sleep(600)")
+
+
+# rank 1 stops itself with SIGSTOP; the others run on (rank 0 and 2 finish after 8 s)
+RANK1_STOPS = ("import os, signal, time; r = int(os.environ['RANK']); time.sleep(0.3)\n"
+               "if r == 1: os.kill(os.getpid(), signal.SIGSTOP)\n"
+               "time.sleep(8 if r != 1 else 600)")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("tolerant", [False, True])
+def test_supervisor_names_a_stopped_trainer_within_seconds(tmp_path, tolerant):
+    said = []
+    t0 = time.monotonic()
+    sup = Supervisor(_plan(tmp_path, RANK1_STOPS), tolerate_trainer_faults=tolerant, poll_s=0.1,
+                     hang_timeout_s=300, console=open(os.devnull, "wb"), say=said.append)
+    out = sup.run()
+    line = [s for s in said if "is stopped" in s]
+    assert len(line) == 1 and "trainer rank 1 (machine 0) pid " in line[0], said
+    assert "SIGSTOP" in line[0] and "kill -CONT" in line[0] and "rank1.log" in line[0]
+    if tolerant:  # left behind like a dead trainer: the others finish, the run succeeds
+        assert out.ok and [p.index for p in out.dead_trainers] == [1]
+        assert "the other trainers go on without it" in line[0]
+    else:
+        assert not out.ok and out.failed.index == 1 and out.message == line[0]
+        assert "stopping every other process" in line[0]
+        assert time.monotonic() - t0 < 15  # the hang timeout (300 s) is not waited for
     assert not fake_entry.processes_mentioning("time.sleep(600)")
 
 

@@ -10,6 +10,11 @@ for it), the culprit is, among those silent for at least half the timeout: one t
 stopped (SIGSTOP) or in uninterruptible I/O, else the one whose progress stopped first (ties: the
 earliest last beat written in the files). Going silent first alone is not enough: a trainer that
 waits at a barrier for a slower peer goes silent before the peer is stopped.
+
+A process that /proc says is stopped by a signal (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU: state T;
+a tracer's stop, e.g. a debugger at a breakpoint: state t) for `STOPPED_LIMIT_S` is named at once
+(`StopWatch`): it cannot make progress until it is resumed, so waiting for the hang timeout
+would only delay the same end by minutes.
 """
 from __future__ import annotations
 
@@ -40,6 +45,45 @@ def process_state(pid: int) -> Optional[str]:
     except (OSError, IndexError):
         return None
     return {"T": "stopped", "t": "stopped by a tracer", "Z": "zombie", "D": "in uninterruptible I/O"}.get(state)
+
+
+# How long a process may stay stopped by a signal before the launcher calls it a fault: long
+# enough for a `kill -STOP` ... `kill -CONT` pair typed on purpose (or a poll that catches a
+# process between the two), short enough that a stopped run is named within seconds instead of
+# after cluster.hang_timeout_s (which stays for processes that run but make no progress).
+STOPPED_LIMIT_S = 5.0
+
+STOPPED = ("stopped", "stopped by a tracer")
+
+
+class StopWatch:
+    """Which live process has been stopped by a signal (/proc state T or t) for `limit_s`."""
+
+    def __init__(self, limit_s: float = STOPPED_LIMIT_S, clock: Callable[[], float] = time.monotonic,
+                 state_of: Optional[Callable[[object], Optional[str]]] = None):
+        self.limit_s = limit_s
+        self.clock = clock
+        self.state_of = state_of or (lambda r: process_state(r.popen.pid))
+        # name -> when it was first seen stopped (on our clock); resumed: forgotten
+        self.since: Dict[str, float] = {}
+
+    def check(self, running: Iterable) -> Optional[Tuple[object, float, str]]:
+        """(the stopped Running, seconds seen stopped, its state), or None."""
+        now = self.clock()
+        found = []
+        for r in running:
+            name = r.proc.name
+            state = self.state_of(r) if r.rc is None else None
+            if state not in STOPPED:
+                self.since.pop(name, None)
+                continue
+            since = self.since.setdefault(name, now)
+            if now - since >= self.limit_s:
+                found.append((since, r, now - since, state))
+        if not found:
+            return None
+        _, r, age, state = min(found, key=lambda f: f[0])
+        return r, age, state
 
 
 class HangWatch:

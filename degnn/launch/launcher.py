@@ -27,6 +27,7 @@ from .cleanup import cleanup_all
 from .isolate import PrivateMachine, SharedShmLock, can_isolate
 from .preflight import check_config
 from .faults import disk_note
+from .hang import STOPPED_LIMIT_S
 from .supervisor import Signals, Supervisor
 from . import slurm, ssh
 
@@ -155,8 +156,11 @@ def write_summary_file(path: Path, summary: dict, otherwise: str) -> bool:
 
 
 def write_failure(run_dir: str, cfg, message: str, failed=None, machines=None,
-                  trainers=None, extra: Optional[dict] = None) -> dict:
-    """summary.json of a run that did not finish: status failed, and why (benchmarks read it)."""
+                  trainers=None, extra: Optional[dict] = None,
+                  dead_trainers: Optional[List[int]] = None) -> dict:
+    """summary.json of a run that did not finish: status failed, and why (benchmarks read it);
+    the ranks of trainers that died before it failed (`trainers_died`: a tolerant pipeline's,
+    every one of them where none was left), as a finished run's summary has them."""
     path = Path(run_dir) / "summary.json"
     summary = {}
     if path.is_file():
@@ -175,6 +179,8 @@ def write_failure(run_dir: str, cfg, message: str, failed=None, machines=None,
     for k, v in progress_of(run_dir).items():  # the epochs done stay in the summary
         if summary.get(k) is None:
             summary[k] = v
+    if dead_trainers:
+        summary["trainers_died"] = sorted(dead_trainers)
     if failed is not None:
         summary["failed_process"] = {"role": failed.role, "index": failed.index,
                                      "machine": failed.machine, "log": failed.log}
@@ -390,6 +396,9 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
                          tolerate_trainer_faults=tolerates_trainer_faults(cfg),
                          signals=signals, local_pids=cl.kind != "ssh",
                          tell_server_pids=cl.kind in ("local", "netns"),
+                         # a process stopped by a signal is named within seconds; off with
+                         # the hang timeout (cluster.hang_timeout_s=0: e.g. under a debugger)
+                         stopped_limit_s=STOPPED_LIMIT_S if cl.hang_timeout_s else 0,
                          enter=(lambda p: limits.enter(p.machine)) if limits.dirs else None,
                          limits=limits if limits.dirs else None)
         signals.leftovers.append(lambda: [f"processes {', '.join(sup.left_running())}"]
@@ -405,7 +414,8 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
             f"stopped in {outcome.stop_s:.2f}s")
     if not outcome.ok:
         failure = write_failure(run_dir, cfg, outcome.message, outcome.failed, len(plan.machines),
-                                len(plan.trainers()), extra=extra)
+                                len(plan.trainers()), extra=extra,
+                                dead_trainers=[p.index for p in outcome.dead_trainers])
         # the fault is the last line: what the stopped processes and the clean-up said is above
         say(f"run failed: {failure['error']}")
         return outcome.returncode if outcome.returncode and outcome.returncode > 0 else 1

@@ -15,7 +15,12 @@ succeeds when every trainer has exited and at least one exited 0, and the server
 stopped at once (they never shut down by themselves: DGL's shutdown needs every client). A
 trainer that makes no progress for `hang_timeout_s`, or still runs that long after another one
 finished, is hung: it is stopped and the others go on without it.
-A dead server, or every trainer dead, is still a fault.
+A dead server, or every trainer dead, is still a fault; its line names every trainer that died.
+
+A process stopped by a signal (SIGSTOP, SIGTSTP; a tracer's stop) for `stopped_limit_s`
+(hang.STOPPED_LIMIT_S) is a fault like a dead one, named within seconds instead of after
+`hang_timeout_s`: the run is stopped or, under the tolerant policy, the stopped trainer is
+killed and the others go on without it.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ from degnn.proc import die_with_parent
 from degnn.runtime.rendezvous import PIDS_ENV
 
 from .faults import disk_note, first_error, is_banner, killed_rss_kb, oom_counts, oom_note
-from .hang import HangWatch, process_state
+from .hang import STOPPED_LIMIT_S, HangWatch, StopWatch, process_state
 from .plan import Plan, Proc, child_env
 
 
@@ -248,8 +253,11 @@ class Supervisor:
                  tee_rank: Optional[int] = 0, say: Callable[[str], None] = None,
                  tolerate_trainer_faults: bool = False, signals: Optional[Signals] = None,
                  enter: Optional[Callable[[Proc], None]] = None, limits=None,
-                 local_pids: bool = True, tell_server_pids: bool = False):
+                 local_pids: bool = True, tell_server_pids: bool = False,
+                 stopped_limit_s: float = STOPPED_LIMIT_S):
         self.plan = plan
+        # stopped by a signal this long = a fault (0: off; only where the pids are the processes)
+        self.stopped_limit_s = stopped_limit_s
         # whether the trainers get the servers' pids (DEGNN_SERVER_PIDS), to find them listening
         # in their namespaces before DGL connects (degnn/runtime/rendezvous.py): on this host only
         self.tell_server_pids = tell_server_pids
@@ -439,6 +447,8 @@ class Supervisor:
         done_at: Optional[float] = None
         warned = set()
         hang = HangWatch(self.hang_timeout_s) if self.hang_timeout_s else None
+        stops = StopWatch(self.stopped_limit_s) if self.stopped_limit_s and self.local_pids else None
+        self._why: Dict[str, str] = {}  # trainer name -> how it died (tolerant policy)
         while True:
             if self.local_pids:
                 for r in self.running:
@@ -457,10 +467,10 @@ class Supervisor:
                     if self.tolerate_trainer_faults and r.proc.role == "trainer":
                         if r.proc not in out.dead_trainers:
                             out.dead_trainers.append(r.proc)
-                            self.say(f"{r.proc.describe()} pid {r.popen.pid} {self.describe(r, rc)}"
-                                     f"{_error_of(r.proc.log)}; log: {r.proc.log}; the other "
-                                     f"trainers go on without it "
-                                     f"(this pipeline tolerates trainer faults)")
+                            why = f"{self.describe(r, rc)}{_error_of(r.proc.log)}"
+                            self._why[r.proc.name] = f"pid {r.popen.pid} {why}"
+                            self.say(f"{r.proc.describe()} pid {r.popen.pid} {why}; log: "
+                                     f"{r.proc.log}; {self._going_on(out, trainers, r)}")
                         if len(out.dead_trainers) < len(trainers):
                             continue
                     failed.append((r, rc))
@@ -469,12 +479,23 @@ class Supervisor:
                 # "connection closed" error) exit with an error code within the same poll.
                 r, rc = min(failed, key=lambda f: f[1] >= 0)
                 return self._fault(out, r, rc)
+            # a trainer already left behind (killed, not yet reaped) is not named twice
+            live = [r for r in self.running if r.proc not in out.dead_trainers]
+            stopped = stops.check(live) if stops is not None else None
+            if stopped is not None and not self.tolerate_trainer_faults and done_at is None:
+                return self._stopped(out, *stopped)
             if self.tolerate_trainer_faults:
+                if stopped is not None and stopped[0].proc.role == "server":
+                    return self._stopped(out, *stopped)
+                if stopped is not None:  # a stopped trainer is left behind like a dead one
+                    self._drop_trainer(out, stopped[0], self._stop_note(*stopped),
+                                      self._stop_fix(stopped[0]))
+                    live.remove(stopped[0])
                 if all(r.rc is not None for r in trainers):
                     # the servers wait for the dead trainers forever: stop them now (run() does)
                     out.ok = True
                     return out
-                hung = hang.check(self.running) if hang is not None else None
+                hung = hang.check(live) if hang is not None else None
                 if hung is not None and hung[0].proc.role == "server":
                     return self._hung(out, *hung)
                 if hung is not None:  # a hung trainer is left behind like a dead one
@@ -510,16 +531,42 @@ class Supervisor:
                 return self._hung(out, *hung)
             time.sleep(self.poll_s)
 
-    def _drop_trainer(self, out: Outcome, r: Running, why: str) -> None:
-        """Tolerant policy: stop one hung trainer and go on without it."""
+    def _going_on(self, out: Outcome, trainers: List[Running], r: Running) -> str:
+        """What the tolerant policy does after trainer `r` died: go on with the others, or not."""
+        if any(t is not r and t.proc not in out.dead_trainers and t.rc is None for t in trainers):
+            return "the other trainers go on without it (this pipeline tolerates trainer faults)"
+        if any(t.rc == 0 for t in trainers):
+            return "the other trainers finished"
+        return "no trainer is left: stopping every process"
+
+    def _drop_trainer(self, out: Outcome, r: Running, why: str, fix: str = "") -> None:
+        """Tolerant policy: kill one hung or stopped trainer and go on without it."""
         try:
             os.killpg(r.popen.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         if r.proc not in out.dead_trainers:
             out.dead_trainers.append(r.proc)
-        self.say(f"{r.proc.describe()} pid {r.popen.pid} {why}; stopped; log: {r.proc.log}; "
-                 f"the other trainers go on without it")
+        self._why[r.proc.name] = f"pid {r.popen.pid} {why}"
+        trainers = [t for t in self.running if t.proc.role == "trainer"]
+        self.say(f"{r.proc.describe()} pid {r.popen.pid} {why}; killed; log: {r.proc.log}; "
+                 f"{self._going_on(out, trainers, r)}{'; ' + fix if fix else ''}")
+
+    def _stop_note(self, r: Running, age: float, state: str) -> str:
+        how = ("by a signal (SIGSTOP, SIGTSTP, SIGTTIN or SIGTTOU: /proc state T)" if state == "stopped"
+               else "by a tracer (a debugger at a breakpoint, SIGSTOP under ptrace: /proc state t)")
+        return f"is stopped {how} for {age:.0f}s"
+
+    def _stop_fix(self, r: Running) -> str:
+        return (f"a process stopped on purpose must be resumed within {self.stopped_limit_s:g}s "
+                f"(kill -CONT {r.popen.pid}, `fg` for Ctrl-Z, continue in the debugger); "
+                f"cluster.hang_timeout_s=0 turns this check off with the hang timeout")
+
+    def _stopped(self, out: Outcome, r: Running, age: float, state: str) -> Outcome:
+        p = r.proc
+        return self._report(out, r, None, (
+            f"{p.describe()} pid {r.popen.pid} {self._stop_note(r, age, state)}; log: {p.log}; "
+            f"stopping every other process; {self._stop_fix(r)}"))
 
     def _report(self, out: Outcome, r: Running, returncode, message: str) -> Outcome:
         """The fault line of a failed process, then the tail of its log."""
@@ -545,9 +592,20 @@ class Supervisor:
             line, killed = oom
             r = killed or r
             return self._report(out, r, r.rc, f"{line}; log: {r.proc.log}; stopping every other process")
+        if self.tolerate_trainer_faults and p.role == "trainer":
+            return self._report(out, r, rc, all_died_line(out.dead_trainers, self._why))
         return self._report(out, r, rc, (
             f"{p.describe()} pid {r.popen.pid} {self.describe(r, rc)}{_error_of(p.log)}; log: {p.log}"
             f"{disk_note(os.path.dirname(p.log))}; stopping every other process"))
+
+
+def all_died_line(dead: List[Proc], why: Dict[str, str]) -> str:
+    """The fault line of a tolerant run whose trainers all died: every one of them, how, and
+    where their logs are."""
+    each = [f"{p.describe()} {why.get(p.name, 'died')}" for p in sorted(dead, key=lambda p: p.index)]
+    logs = sorted({os.path.dirname(p.log) for p in dead})
+    return (f"every trainer died, no trainer is left: {'; '.join(each)}; logs in {', '.join(logs)}; "
+            f"stopping every other process")
 
 
 def _error_of(log: str) -> str:
