@@ -350,13 +350,12 @@ def test_real_trainer_killed_mid_run(tmp_path):
     assert_nothing_left(p.pid, run_dir)
 
 
-def test_real_trainer_stopped_is_reported_as_hung(tmp_path):
-    """kill -STOP one trainer: within cluster.hang_timeout_s + 10 s the launcher names it, stops
-    the run with status=failed and leaves nothing behind."""
+def test_real_trainer_stopped_is_reported_within_seconds(tmp_path):
+    """kill -STOP one trainer (a netns process: a host pid): with the default
+    cluster.hang_timeout_s (300 s) the launcher names it as stopped within seconds
+    (hang.STOPPED_LIMIT_S), stops the run with status=failed and leaves nothing behind."""
     run_dir = tmp_path / "run"
-    hang_s = 10
-    p = subprocess.Popen([PY, *REAL, "train.epochs=500", f"cluster.hang_timeout_s={hang_s}",
-                          f"hydra.run.dir={run_dir}"], cwd=REPO,
+    p = subprocess.Popen([PY, *REAL, "train.epochs=500", f"hydra.run.dir={run_dir}"], cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + budget(90)
@@ -370,18 +369,18 @@ def test_real_trainer_stopped_is_reported_as_hung(tmp_path):
         assert victim, "training never started"
         os.kill(victim[0], signal.SIGSTOP)
         t_stop = time.monotonic()
-        out, err = p.communicate(timeout=budget(hang_s + 60))
+        out, err = p.communicate(timeout=budget(60))
         took = time.monotonic() - t_stop
     finally:
         if p.poll() is None:
             p.kill()
             p.communicate()
     assert p.returncode != 0
-    assert (f"trainer rank 1 (machine 1) pid {victim[0]} made no progress for" in err
-            and "process stopped" in err and str(run_dir / "rank1.log") in err), err[-3000:]
-    assert took < hang_s + budget(10), took
+    assert (f"trainer rank 1 (machine 1) pid {victim[0]} is stopped by a signal (SIGSTOP" in err
+            and f"kill -CONT {victim[0]}" in err and str(run_dir / "rank1.log") in err), err[-3000:]
+    assert took < budget(20), took
     s = json.loads((run_dir / "summary.json").read_text())
-    assert s["status"] == "failed" and "made no progress" in s["error"]
+    assert s["status"] == "failed" and "is stopped by a signal" in s["error"]
     assert s["failed_process"]["index"] == 1 and s["epochs"] >= 1  # the epochs done stay
     assert_nothing_left(p.pid, run_dir)
 

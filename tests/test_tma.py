@@ -549,7 +549,8 @@ def test_a_trainer_killed_mid_run_does_not_stop_training(tmp_path, victim):
 @netns
 def test_a_hung_trainer_is_left_behind_and_stopped_at_the_end(tmp_path):
     """SIGSTOP (not kill) rank 2 of 3 after round 1: the coordinator counts it dead at the next
-    deadline, the others finish, and the launcher stops the hung process (hang_timeout_s)."""
+    deadline, the others finish, and the launcher kills the stopped process within seconds
+    (hang.STOPPED_LIMIT_S, not hang_timeout_s)."""
     run_dir = tmp_path / "run"
     p = subprocess.Popen([PY, *BASE, "cluster.machines=3", "pipeline.time_limit_s=12", "pipeline.sync_every_s=4",
                           "pipeline.round_timeout_s=3", "cluster.hang_timeout_s=10", f"hydra.run.dir={run_dir}"],
@@ -570,9 +571,8 @@ def test_a_hung_trainer_is_left_behind_and_stopped_at_the_end(tmp_path):
             p.kill()
             p.communicate()
     assert p.returncode == 0, err[-3000:]
-    # caught by the hang watch (no heartbeat) or, if the others finish first, as a straggler
-    assert (f"trainer rank 2 (machine 2) pid {pid} made no progress" in err
-            or f"trainer rank 2 (machine 2) pid {pid} still runs 10s after the others finished" in err), err[-3000:]
+    # stopped by a signal: named within seconds and left behind like a dead trainer
+    assert f"trainer rank 2 (machine 2) pid {pid} is stopped by a signal (SIGSTOP" in err, err[-3000:]
     s = _summary(run_dir)
     assert s["status"] == "ok" and s["trainers_alive"] == 2 and s["trainers_died"] == [2]
     assert [c["trainers"] for c in read_curve(run_dir)] == [[0, 1, 2], [0, 1], [0, 1]]

@@ -329,6 +329,8 @@ class Supervisor:
             for r in self.running:
                 r.sample_peak()
         self._signal_all(signal.SIGTERM)
+        # a process stopped by a signal acts on SIGTERM only once resumed (else it waits for SIGKILL)
+        self._signal_all(signal.SIGCONT)
         if self.on_stop is not None:
             self.on_stop()
         deadline = time.monotonic() + grace_s
