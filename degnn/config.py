@@ -168,7 +168,8 @@ class ClusterConfig:
     # seconds between SIGTERM and SIGKILL when the cluster is stopped (fault, Ctrl-C, the end)
     stop_grace_s: float = 5.0
     # a trainer or server without progress (its heartbeat) for this long is named and the run
-    # stopped with status=failed; 0 turns hang detection off
+    # stopped with status=failed (one stopped by a signal, SIGSTOP or a debugger, is named after
+    # 5 s); 0 turns hang detection off, the check for stopped processes with it
     hang_timeout_s: float = 300.0
     # renamed to stop_grace_s (it was always a SIGTERM grace period); setting it is an error
     fault_timeout_s: Optional[float] = None
