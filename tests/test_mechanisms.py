@@ -4,9 +4,12 @@ weights shipped to them, and TMA's weighted mean counts live submissions only, e
 its trainer's train nodes under pipeline.weighting=train_nodes."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from types import SimpleNamespace
+
+import dgl
 
 import pytest
 import torch
@@ -20,9 +23,16 @@ from degnn.pipelines.lamp.halo import HaloSync
 from degnn.pipelines.lamp.history import History
 from degnn.pipelines.lamp.owners import TrainerOwners
 from degnn.pipelines.lamp.pipeline import LAMPPipeline
+from degnn.entry import compose_config
+from degnn.pipelines import tma
+from degnn.pipelines.tma import TMAPipeline
+from degnn.pipelines.tma import service as tma_service
 from degnn.pipelines.tma.coordinator import Coordinator
+from degnn.pipelines.tma.rounds import RoundLoop
+from degnn.runtime.context import RunContext
 
 from test_lamp import _PartitionBook, random_partition
+from test_tma_rounds import FakeRounds, InProcessClient
 
 META = {"codec": "minmax", "bits": 32, "fanouts": [-1, -1, -1], "fusion": True, "hidden": 8, "layers": 3,
         "seed": 0, "history_layers": 2}
@@ -127,4 +137,91 @@ def test_owners_answer_with_the_newest_weights_shipped(engine):
     got = owner.codec.decode(ans.rows)
     assert ans.version == owner.version == 2
     assert not torch.allclose(exact1[2][roots], exact2[2][roots], atol=1e-3)  # W1 would show
-    assert torch.allclose(got, exact2[2][lg.nid[roots]], atol=1e-5)
+    assert torch.allclose(got, exact2[2][lg.nid[roots]], atol=1e-5), "the answers are not W2's exact h^(2)"
+
+
+# --- TMA: the weighted mean -------------------------------------------------------------------------
+def _submit(c, r, rank, theta, weight, now):
+    return c.submit(r, rank, torch.tensor(theta), {"weight": weight, "stats": {"loss": 0.5, "round_steps": 1}}, now)
+
+
+def test_a_dead_trainers_submission_and_weight_leave_the_mean():
+    """Ranks 0, 1, 2 weighted 1, 3, 4. Rank 2 submits round 1 and then nothing: round 2 closes at
+    its deadline without it and every live trainer gets the weighted mean of ranks 0 and 1 only
+    (exact numbers); round 3, with rank 2 already counted dead, the same."""
+    c = Coordinator([0, 1, 2], round_timeout_s=5, start_timeout_s=60, evaluator_timeout_s=10)
+    _submit(c, 1, 0, [2.0, -1.0], 1.0, 0.0)
+    _submit(c, 1, 1, [6.0, 5.0], 3.0, 0.0)
+    _submit(c, 1, 2, [100.0, 100.0], 4.0, 0.0)
+    assert torch.equal(c.poll_mean(1, 0, 0.0)[1], torch.tensor([(2 + 18 + 400) / 8, (-1 + 15 + 400) / 8]))
+    # round 2: rank 2 is silent
+    _submit(c, 2, 0, [2.0, -1.0], 1.0, 10.0)
+    _submit(c, 2, 1, [6.0, 5.0], 3.0, 10.0)
+    assert c.poll_mean(2, 0, 14.9)[0] == "wait"
+    for rank in (0, 1):
+        status, mean, meta = c.poll_mean(2, rank, 15.1)
+        assert status == "mean" and meta["dead"] == [2] and meta["contributors"] == [0, 1]
+        assert torch.equal(mean, torch.tensor([(2 + 18) / 4, (-1 + 15) / 4])), f"round 2, rank {rank}: {mean}"
+    # round 3: closes without waiting for the dead one, its last submission nowhere in the mean
+    _submit(c, 3, 0, [0.0, 4.0], 1.0, 20.0)
+    _submit(c, 3, 1, [8.0, 0.0], 3.0, 20.0)
+    for rank in (0, 1):
+        status, mean, meta = c.poll_mean(3, rank, 20.0)
+        assert status == "mean" and torch.equal(mean, torch.tensor([24 / 4, 4 / 4])), f"round 3, rank {rank}: {mean}"
+
+
+def _tma_trainer(monkeypatch, tmp_path, rank, n_train, weighting, world=3):
+    """A TMAPipeline set up on rank `rank` of `world` without a cluster: its local data (n_train
+    train nodes), task and evaluation are stand-ins; the rest of `setup` is TMA's own."""
+    cfg = compose_config(["pipeline=tma", "dataset=synthetic-tiny", "train.tensorboard=false",
+                          f"pipeline.weighting={weighting}"])
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    graph = dgl.graph(([], []), num_nodes=max(n_train, 1))
+    graph.ndata["feat"] = torch.zeros(graph.num_nodes(), 3)
+    monkeypatch.setattr(tma, "build_local_data", lambda g, part_config, log, task: SimpleNamespace(
+        graph=graph, train_ids=torch.arange(n_train), edges_total=0))
+    monkeypatch.setattr(tma, "SharedEvaluation", lambda *a: SimpleNamespace(
+        plan=lambda: {"homes": list(range(world)), "phases": 2}))
+    task = SimpleNamespace(prepare=lambda ctx, collective: None, local_loader=lambda g, ids, bs: None,
+                           local_labels=lambda g: None, evaluate_fn=lambda: None, describe=lambda: "fake",
+                           unit="nodes", build_model=lambda in_dim: torch.nn.Linear(in_dim, 1, bias=False))
+    ctx = RunContext(cfg=cfg, run_dir=tmp_path, rank=rank, world_size=world, local_rank=0, machines=world,
+                     part_config=tmp_path, graph=SimpleNamespace(get_partition_book=lambda: SimpleNamespace(partid=rank)),
+                     log=logging.getLogger(f"tma{rank}"))
+    p = TMAPipeline(ctx, task)
+    p.setup()
+    return p
+
+
+@pytest.mark.parametrize("weighting", ["train_nodes", "uniform"])
+def test_each_trainer_submits_its_train_nodes_as_its_weight_and_the_mean_is_weighted_by_them(
+        monkeypatch, tmp_path, weighting):
+    """pipeline.weighting=train_nodes: a TMA trainer's weight (its RoundPlan's, what RoundLoop
+    sends in Submit) is its number of train nodes, 1 under uniform; one round of RoundLoop over
+    fake pipelines with those plans releases sum(n_i theta_i) / sum(n_i) (theta_i = i + 1)."""
+    n = [5, 12, 3]
+    plans = [_tma_trainer(monkeypatch, tmp_path, rank, k, weighting).plan for rank, k in enumerate(n)]
+    want = [float(k) if weighting == "train_nodes" else 1.0 for k in n]
+    assert [pl.weight for pl in plans] == want
+    # one round of the driver with those plans (fake pipelines: round r adds rank + 1)
+    tma_service.STATE.clear()
+    cfg = compose_config(["pipeline=tma", "dataset=synthetic-tiny", "train.tensorboard=false"])
+    lock, results, pipes, drivers = threading.Lock(), {}, [], []
+    for rank in range(3):
+        ctx = RunContext(cfg=cfg, run_dir=tmp_path, rank=rank, world_size=3, local_rank=0, machines=3,
+                         part_config=tmp_path, graph=None, log=logging.getLogger(f"fake{rank}"))
+        ctx.counter.declare(TMAPipeline.byte_categories)
+        plan = dataclasses.replace(plans[rank], sync_s=0.01, limit_s=0.01, active=[0, 1, 2], trains=True,
+                                   homes=[0, 1, 2], phases=2, corrects=False, eval_every=1, round_timeout_s=5.0,
+                                   evaluator_timeout_s=5.0, round_bytes=24)
+        pipes.append(FakeRounds(ctx, lambda p, plan=plan: plan))
+        drivers.append(RoundLoop(pipes[-1], InProcessClient(rank, ctx.counter, lock)))
+    threads = [threading.Thread(target=lambda k=k: results.update({k: drivers[k].run()})) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads) and results[0]["status"] == "ok"
+    mean = sum(w * (i + 1) for i, w in enumerate(want)) / sum(want)
+    for p in pipes:
+        assert torch.allclose(p.export_weights(), torch.full((3,), mean)), (weighting, p.export_weights(), mean)
