@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from degnn.models import GNN
-from degnn.pipelines.lamp import compute
+from degnn.pipelines.lamp import compute, service
 from degnn.pipelines.lamp.codec import make_codec
 from degnn.pipelines.lamp.compute import Owner, Weights
 from degnn.pipelines.lamp.graph import LocalGraph
@@ -100,12 +100,13 @@ def _exact(model, whole, x):
     return out
 
 
-@pytest.mark.parametrize("engine", ["owner", "trainer"])
+@pytest.mark.parametrize("engine", ["owner", "trainer", "server"])
 @torch.no_grad()
-def test_owners_answer_with_the_newest_weights_shipped(engine):
+def test_owners_answer_with_the_newest_weights_shipped(engine, monkeypatch):
     """An owner shipped W1 then W2 answers roots with exactly what exact inference with W2 gives
     (32 bits, full fan-outs, histories holding W2's exact rows), not W1's; its version is W2's.
-    engine=trainer: through TrainerOwners.ship_weights and the round that loads them."""
+    engine=trainer: through TrainerOwners.ship_weights and the round that loads them; engine=server:
+    through the graph server's SetWeights request."""
     whole, part = random_partition(n=80, n_inner=50, avg_deg=5, seed=0)
     lg = LocalGraph.from_partition(part)
     torch.manual_seed(0)
@@ -123,6 +124,13 @@ def test_owners_answer_with_the_newest_weights_shipped(engine):
                       History(lg.num_nodes, 1, make_codec("minmax", 8, 32)))
         owner.load(_weights(w1, 1))
         owner.load(_weights(w2, 2))
+    elif engine == "server":
+        owner = Owner(lg, feat, halo_x, torch.zeros(lg.num_nodes, dtype=torch.bool), replica, meta,
+                      History(lg.num_nodes, 1, make_codec("minmax", 8, 32)))
+        monkeypatch.setattr(service, "STATE", service._ServerState())
+        service.STATE.owner = owner
+        for w in (_weights(w1, 1), _weights(w2, 2)):
+            assert service.SetWeightsRequest(w).process_request(None).error == ""
     else:
         eng = TrainerOwners(None, lg, feat, halo_x, torch.zeros(lg.num_nodes, dtype=torch.bool), replica, meta,
                             _PartitionBook(), [0, 1], {0: 0, 1: 1}, rank=0, group=None)
