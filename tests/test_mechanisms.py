@@ -47,10 +47,13 @@ class _OwnerBook(_PartitionBook):
 # --- LAMP: the halo sync ----------------------------------------------------------------------------
 @pytest.mark.parametrize("budget", [None, 1.0], ids=["since", "budget"])
 @pytest.mark.parametrize("bits", [8, 32])
-def test_a_halo_sync_stores_the_owners_rows_and_stamps_in_the_machines_histories(budget, bits):
+@pytest.mark.parametrize("answerers", [1, 2])
+def test_a_halo_sync_stores_the_owners_rows_and_stamps_in_the_machines_histories(budget, bits, answerers):
     """A whole halo sync as a trainer runs it (HaloSync.plan -> the owners' answers ->
     LAMPPipeline._store_sync -> the engine's store_halo): afterwards the machine's history rows of
-    every halo node are the owner's rows, the same packed codes and the same stamps, every table."""
+    every halo node are the owner's rows, the same packed codes and the same stamps, every table.
+    Two answerers for the owner machine (engine=server: several graph servers): each row is the
+    newest of the two answers."""
     _, part = random_partition(n=80, n_inner=50, avg_deg=5, seed=0)
     lg = LocalGraph.from_partition(part)
     model = GNN("sage", 5, 8, 4, 3, dropout=0.0)
@@ -59,26 +62,37 @@ def test_a_halo_sync_stores_the_owners_rows_and_stamps_in_the_machines_histories
     eng = TrainerOwners(None, lg, torch.zeros(50, 5), torch.zeros(lg.num_nodes, 5),
                         torch.zeros(lg.num_nodes, dtype=torch.bool), model, meta, _PartitionBook(), [0, 1],
                         {0: 0, 1: 1}, rank=0, group=None)
+    owners = eng if answerers == 1 else SimpleNamespace(answerers=lambda m: [m, m + 10], store_halo=eng.store_halo)
     mine = eng.owner.history
-    # machine 1's histories over global ids: rows of its own nodes, stamped 3 .. (written since)
-    theirs = History(80, 2, codec)
+    # machine 1's histories (one a answerer) over global ids: rows of its own nodes, stamped 3 ..
+    # (written since the last sync), the two answerers' stamps apart (even and odd)
+    theirs = {}
     gen = torch.Generator().manual_seed(1)
-    for layer in (1, 2):
-        theirs.push_packed(layer, torch.arange(80), codec.encode(torch.randn(80, 8, generator=gen), gen),
-                           torch.randint(3, 9, (80,), generator=gen))
+    for k, a in enumerate(owners.answerers(1)):
+        theirs[a] = History(80, 2, codec)
+        for layer in (1, 2):
+            stamp = 3 + 2 * torch.randint(0, 4, (80,), generator=gen) + k
+            theirs[a].push_packed(layer, torch.arange(80), codec.encode(torch.randn(80, 8, generator=gen), gen), stamp)
     halo = HaloSync(lg, _PartitionBook(), 2, seed=0, budget=budget, since_margin=0, codec=codec)
     assert len(halo.gid) > 5 and bool((halo.gid >= 50).all())
     for layer in (1, 2):  # nothing there before the sync
         assert bool((mine.pull_packed(layer, halo.local)[1] == -1).all())
     step = 4
-    asks = halo.plan(step, roots=10 * len(halo.gid), answerers=eng.answerers)
-    assert [a for a, _ in asks] == [1]
-    answers = {a: compute.history_rows(theirs, pull, _OwnerBook()) for a, pull in asks}
-    LAMPPipeline._store_sync(SimpleNamespace(halo=halo, owners=eng, me=0, step_no=step), answers)
+    asks = halo.plan(step, roots=10 * len(halo.gid), answerers=owners.answerers)
+    assert sorted(a for a, _ in asks) == sorted(theirs)
+    answers = {a: compute.history_rows(theirs[a], pull, _OwnerBook()) for a, pull in asks}
+    LAMPPipeline._store_sync(SimpleNamespace(halo=halo, owners=owners, me=0, step_no=step), answers)
     assert halo.pending is None and halo.rows == 2 * len(halo.gid)
     for layer in (1, 2):
         got, got_stamp = mine.pull_packed(layer, halo.local)
-        want, want_stamp = theirs.pull_packed(layer, halo.gid)
+        pulled = [theirs[a].pull_packed(layer, halo.gid) for a in sorted(theirs)]
+        want, want_stamp = pulled[0]
+        if len(pulled) == 2:  # the newer of the two rows
+            newer = pulled[1][1] > want_stamp
+            assert bool(newer.any()) and not bool(newer.all())
+            want = tuple(torch.where(newer.view(-1, *[1] * (w.dim() - 1)), v, w) if w.numel() else w
+                         for w, v in zip(want, pulled[1][0]))
+            want_stamp = torch.maximum(want_stamp, pulled[1][1])
         assert torch.equal(got_stamp, want_stamp), f"layer {layer} stamps"
         for g, w in zip(got, want):
             assert torch.equal(g, w), f"layer {layer} rows"
