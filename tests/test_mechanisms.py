@@ -10,11 +10,12 @@ import threading
 from types import SimpleNamespace
 
 import dgl
-
 import pytest
 import torch
 
+from degnn.entry import compose_config
 from degnn.models import GNN
+from degnn.pipelines import tma
 from degnn.pipelines.lamp import compute, service
 from degnn.pipelines.lamp.codec import make_codec
 from degnn.pipelines.lamp.compute import Owner, Weights
@@ -23,8 +24,6 @@ from degnn.pipelines.lamp.halo import HaloSync
 from degnn.pipelines.lamp.history import History
 from degnn.pipelines.lamp.owners import TrainerOwners
 from degnn.pipelines.lamp.pipeline import LAMPPipeline
-from degnn.entry import compose_config
-from degnn.pipelines import tma
 from degnn.pipelines.tma import TMAPipeline
 from degnn.pipelines.tma import service as tma_service
 from degnn.pipelines.tma.coordinator import Coordinator
@@ -207,9 +206,9 @@ def _tma_trainer(monkeypatch, tmp_path, rank, n_train, weighting, world=3):
     task = SimpleNamespace(prepare=lambda ctx, collective: None, local_loader=lambda g, ids, bs: None,
                            local_labels=lambda g: None, evaluate_fn=lambda: None, describe=lambda: "fake",
                            unit="nodes", build_model=lambda in_dim: torch.nn.Linear(in_dim, 1, bias=False))
+    graph_store = SimpleNamespace(get_partition_book=lambda: SimpleNamespace(partid=rank))
     ctx = RunContext(cfg=cfg, run_dir=tmp_path, rank=rank, world_size=world, local_rank=0, machines=world,
-                     part_config=tmp_path, graph=SimpleNamespace(get_partition_book=lambda: SimpleNamespace(partid=rank)),
-                     log=logging.getLogger(f"tma{rank}"))
+                     part_config=tmp_path, graph=graph_store, log=logging.getLogger(f"tma{rank}"))
     p = TMAPipeline(ctx, task)
     p.setup()
     return p
