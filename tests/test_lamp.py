@@ -1032,11 +1032,11 @@ def test_two_machine_distdgl_halo_cache_pulls_only_the_other_remote_rows(roots, 
 def test_bench_lamp_composes_and_pairs_every_lamp_suite_with_distdgl():
     from hydra import compose, initialize_config_dir
 
+    from benchmarks.config import compose_bench
     from degnn.config import CONF_DIR, register_configs
 
     register_configs()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose("bench", overrides=["bench=lamp"])
+    cfg = compose_bench(["bench=lamp"])
     names = [s.name for s in cfg.bench.suites]
     lamp = [n for n in names if n.endswith("-lamp")]
     assert lamp and all(n[: -len("lamp")] + "distdgl" in names for n in lamp)

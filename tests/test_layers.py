@@ -209,14 +209,22 @@ def test_every_bench_and_partitioner_module_imports_first():
     import importlib
     import sys
 
+    def loaded():
+        return {n: m for n, m in sys.modules.items() if n.split(".")[0] in ("benchmarks", "partitioners")}
+
     ours = [m for m in MODULES if m.split(".")[0] in ("benchmarks", "partitioners") and not m.endswith("__main__")]
     assert ours
-    failed = []
-    for module in ours:
-        for name in [n for n in sys.modules if n.split(".")[0] in ("benchmarks", "partitioners")]:
+    failed, before = [], loaded()
+    try:
+        for module in ours:
+            for name in loaded():
+                del sys.modules[name]
+            try:
+                importlib.import_module(module)
+            except ImportError as e:
+                failed.append(f"{module}: {e}")
+    finally:  # the modules other tests imported (and patch) stay the ones sys.modules holds
+        for name in loaded():
             del sys.modules[name]
-        try:
-            importlib.import_module(module)
-        except ImportError as e:
-            failed.append(f"{module}: {e}")
+        sys.modules.update(before)
     assert not failed, "\n".join(failed)

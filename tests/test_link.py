@@ -216,10 +216,12 @@ def test_bench_link_composes_into_valid_runs_under_one_budget():
     from degnn.launch.preflight import check_config
     from degnn.pipelines.tma import TMAPipeline
 
+    from benchmarks.config import compose_bench
+
     register_configs()
     seen = set()
+    bench = compose_bench(["bench=link"])
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        bench = compose("bench", overrides=["bench=link"])
         for suite in bench.bench.suites:
             sweeps = [[o] if "[" in o else [f"{o.split('=', 1)[0]}={v}" for v in o.split("=", 1)[1].split(",")]
                       for o in suite.overrides]

@@ -604,9 +604,11 @@ def test_bench_tma_composes_and_every_job_is_a_valid_tma_or_distdgl_run():
 
     from degnn.config import CONF_DIR, register_configs
 
+    from benchmarks.config import compose_bench
+
     register_configs()
+    bench = compose_bench(["bench=tma"])
     with initialize_config_dir(CONF_DIR, version_base="1.3"):
-        bench = compose("bench", overrides=["bench=tma"])
         seen = set()
         for suite in bench.bench.suites:
             sweeps = [[o] if "[" in o else [f"{o.split('=', 1)[0]}={v}" for v in o.split("=", 1)[1].split(",")]
