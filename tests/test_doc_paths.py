@@ -30,12 +30,17 @@ def tracked_text_files():
             yield name, path.read_text(errors="replace")
 
 
+def markdown_headings(doc: str):
+    """The file's `#` headings, in order."""
+    text = (REPO / doc).read_text() if (REPO / doc).is_file() else ""
+    return [h.strip() for h in re.findall(r"^#{1,6} (.+)$", text, re.MULTILINE)]
+
+
 def headings(doc: str):
     """The file's headings, and the bold run-in titles its paragraphs open with (**Title.**)."""
     text = (REPO / doc).read_text() if (REPO / doc).is_file() else ""
-    heads = re.findall(r"^#{1,6} (.+)$", text, re.MULTILINE)
-    heads += [t.rstrip(".:") for t in re.findall(r"^\*\*([^*\n]+)\*\*", text, re.MULTILINE)]
-    return [h.strip() for h in heads]
+    titles = [t.rstrip(".:").strip() for t in re.findall(r"^\*\*([^*\n]+)\*\*", text, re.MULTILINE)]
+    return markdown_headings(doc) + titles
 
 
 def names(heading: str, title: str) -> bool:
@@ -51,10 +56,8 @@ def anchor(heading: str) -> str:
 
 def anchors(doc: str) -> set:
     """Every anchor of a file's headings; GitHub numbers a repeated one (-1, -2, ...)."""
-    text = (REPO / doc).read_text() if (REPO / doc).is_file() else ""
     out, seen = set(), {}
-    for h in re.findall(r"^#{1,6} (.+)$", text, re.MULTILINE):  # headings only: a bold title has none
-        h = h.strip()
+    for h in markdown_headings(doc):  # a bold run-in title has no anchor
         a = anchor(h)
         out.add(f"{a}-{seen[a]}" if a in seen else a)
         seen[a] = seen.get(a, 0) + 1
