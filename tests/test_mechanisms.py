@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import pickle
 import threading
 from types import SimpleNamespace
 
@@ -17,6 +18,7 @@ from degnn.entry import compose_config
 from degnn.models import GNN
 from degnn.pipelines import tma
 from degnn.pipelines.lamp import compute, service
+from degnn.pipelines.lamp import owners as owners_mod
 from degnn.pipelines.lamp.codec import make_codec
 from degnn.pipelines.lamp.compute import Owner, Weights
 from degnn.pipelines.lamp.graph import LocalGraph
@@ -246,3 +248,98 @@ def test_each_trainer_submits_its_train_nodes_as_its_weight_and_the_mean_is_weig
     mean = sum(w * (i + 1) for i, w in enumerate(want)) / sum(want)
     for p in pipes:
         assert torch.allclose(p.export_weights(), torch.full((3,), mean)), (weighting, p.export_weights(), mean)
+
+
+# --- LAMP: the halo sync as the training steps schedule it ------------------------------------------
+class _MachineOne:
+    """Machine 1's owner (rank 1) on the other end of TrainerOwners' rounds: `exchange` stands for
+    the round's two all_to_alls as rank 0 sees them; rank 1 asks nothing and answers each halo-sync
+    ask from its histories (global ids, stamped when written) through compute.history_rows."""
+
+    def __init__(self, codec):
+        self.history = History(80, 2, codec)
+        self.asked = None
+
+    def exchange(self, out):
+        if self.asked is None:  # the asks: what rank 0 sends to 1 is kept, rank 1 sends nothing
+            self.asked, incoming = out[1], [out[0], b""]
+            return incoming
+        sections, self.asked = (pickle.loads(self.asked) if self.asked else {}), None
+        answer = {}
+        if "sync" in sections:
+            pull = owners_mod.unpack_section("sync", sections["sync"], owners_mod.ASKED)
+            answer["sync"] = owners_mod.pack_section("sync", compute.history_rows(self.history, pull, _OwnerBook()))
+        return [out[0], pickle.dumps(answer) if answer else b""]
+
+
+@pytest.mark.parametrize("budget", [None, 0.5], ids=["since", "budget"])
+def test_training_steps_schedule_the_halo_sync_and_each_halo_row_carries_the_step_it_was_computed_at(budget):
+    """Steps of LAMPPipeline (`_complete` of each batch, `_after_step`) over TrainerOwners' rounds,
+    machine 1's owner rewriting its rows at every step, each stamped with the version of its
+    weights (the step, up to 2 behind): every halo_sync_steps steps a sync goes out with the next
+    round, and then the machine's halo rows are the owner's rows of that round, as sent, their
+    stamps the owner's (their age `now - stamp`). Under a sync budget each sync refreshes budget x
+    roots rows, those synced longest ago first, until every row has been refreshed; with none,
+    every row at every sync."""
+    every, roots_per_step, steps = 3, 10, 16
+    _, part = random_partition(n=80, n_inner=50, avg_deg=5, seed=0)
+    lg = LocalGraph.from_partition(part)
+    codec = make_codec("minmax", 8, 8)
+    model = GNN("sage", 5, 8, 4, 4, dropout=0.0)
+    eng = TrainerOwners(None, lg, torch.zeros(50, 5), torch.zeros(lg.num_nodes, 5),
+                        torch.zeros(lg.num_nodes, dtype=torch.bool), model, dict(META, layers=4, bits=8),
+                        _PartitionBook(), [0, 1], {0: 0, 1: 1}, rank=0, group=None)
+    eng.counter = SimpleNamespace(add=lambda cat, n: None)
+    one = _MachineOne(codec)
+    eng._exchange = one.exchange
+    halo = HaloSync(lg, _PartitionBook(), 2, seed=0, budget=budget, since_margin=0, codec=codec)
+    n = len(halo.gid)
+    p = LAMPPipeline.__new__(LAMPPipeline)
+    p.cfg = SimpleNamespace(pipeline=SimpleNamespace(halo_sync_steps=every, weight_sync_steps=10 ** 6),
+                            model=SimpleNamespace(hidden=8))
+    p.owners, p.halo, p.codec, p.me, p.tables, p.leader, p.push, p.prefetch = eng, halo, codec, 0, 2, True, False, 0
+    p.step_no, p.weights_version, p.boundary = 0, 0, torch.zeros(lg.num_nodes, dtype=torch.bool)
+    p.stats, p.owner_grads = {"roots": 0, "owner_grad_rows": 0}, {}
+    mine = eng.owner.history
+    gen = torch.Generator().manual_seed(2)
+    syncs, last = 0, torch.full((2, n), -1, dtype=torch.int64)
+    synced_at = torch.full((2, n), -1, dtype=torch.int64)  # the round that last brought each row
+    for step in range(steps):
+        # machine 1's owner computes fresh rows of its nodes (its answers' write-back), stamped
+        # with its weights' version
+        sent = {}
+        for layer in (1, 2):
+            version = (step - torch.randint(0, 3, (80,), generator=gen)).clamp(min=0)
+            one.history.push_packed(layer, torch.arange(80), codec.encode(torch.randn(80, 8, generator=gen), gen),
+                                    version)
+            sent[layer] = one.history.pull_packed(layer, halo.gid)
+        synced = halo.pending is not None  # asked at the end of the last step: goes with this round
+        batch = SimpleNamespace(ticket=eng.ask([]), top_gid=torch.empty(0, dtype=torch.int64), masks=[], cg=None,
+                                x=None, x_leaves=None, top_rows=None)
+        LAMPPipeline._complete(p, batch)
+        stamps = torch.stack([mine.pull_packed(layer, halo.local)[1] for layer in (1, 2)])
+        if not synced:
+            assert torch.equal(stamps, last), f"step {step}: halo rows changed without a sync"
+            last = stamps
+        else:
+            syncs += 1
+            new = stamps != last  # (the owner's stamps grow by at least 1 between two syncs)
+            if budget is None:
+                assert bool(new.all()), f"step {step}: not every halo row came"
+            else:
+                assert int(new.sum()) == min(2 * n, int(budget * roots_per_step * every)), f"step {step}"
+                assert synced_at[new].max() <= synced_at[~new].min(), f"step {step}: a row synced longer ago was left"
+            synced_at[new] = step
+            last = stamps
+            for t, layer in enumerate((1, 2)):  # the owner's rows and stamps of this round, as sent
+                got, got_stamp = mine.pull_packed(layer, halo.local[new[t]])
+                idx = torch.nonzero(new[t]).flatten()
+                want, want_stamp = codec.take(sent[layer][0], idx), sent[layer][1][idx]
+                assert torch.equal(got_stamp, want_stamp), f"step {step}, layer {layer}: stamps"
+                assert all(torch.equal(g, w) for g, w in zip(got, want)), f"step {step}, layer {layer}: rows"
+                age = mine.pull(layer, halo.local[new[t]], step + 5)[1]
+                assert torch.equal(age, step + 5 - want_stamp), f"step {step}, layer {layer}: ages"
+        p.stats["roots"] += roots_per_step
+        LAMPPipeline._after_step(p, None, [])
+    assert syncs == steps // every, f"{syncs} halo syncs in {steps} steps of halo_sync_steps={every}"
+    assert bool((last >= 0).all()), "halo rows never refreshed"
