@@ -163,6 +163,69 @@ def test_owners_answer_with_the_newest_weights_shipped(engine, monkeypatch):
     assert torch.allclose(got, exact2[2][lg.nid[roots]], atol=1e-5), "the answers are not W2's exact h^(2)"
 
 
+@pytest.mark.parametrize("bits,codec_name", [(32, "minmax"), (8, "minmax"), (4, "minmax"), (8, "absmax")])
+@torch.no_grad()
+def test_owners_answer_a_batchs_remote_neighbours_with_the_layers_computed_from_their_own_graph(bits, codec_name):
+    """A 4-layer model; a batch of machine 1's seeds whose in-neighbours machine 0 owns: machine
+    0's owner answers h^(3) of those roots, and that is the whole graph's layers 1..3 at those
+    nodes, computed from machine 0's features, its halo nodes' features and, for the halo nodes
+    at layers 1 and 2, the rows its histories hold (decoded), within one codec step a value of
+    the answer's row (exact at 32 bits). The rows it writes back for its boundary nodes are their
+    h^(1), h^(2) (within a step), stamped with its weights' version."""
+    whole, part = random_partition(n=80, n_inner=50, avg_deg=5, seed=3)
+    lg = LocalGraph.from_partition(part)
+    torch.manual_seed(0)
+    x = torch.randn(whole.num_nodes(), 5)
+    model = GNN("sage", 5, 8, 4, 4, dropout=0.0).eval()
+    exact = [x]
+    for i in range(3):
+        exact.append(model.layer_forward(i, whole, exact[-1]))
+    codec = make_codec(codec_name, 8, bits)
+    hist = History(lg.num_nodes, 2, codec)
+    halo = ~lg.inner
+    for layer in (1, 2):  # the halo rows machine 0 holds (as a sync or the set-up left them)
+        hist.push(layer, torch.nonzero(halo).flatten(), exact[layer][lg.nid[halo]], version=0)
+    halo_x = torch.zeros(lg.num_nodes, 5)
+    halo_x[halo] = x[lg.nid[halo]]
+    boundary = lg.inner.clone()
+    owner = Owner(lg, x[lg.nid[lg.inner]], halo_x, boundary, model,
+                  dict(META, layers=4, fanouts=[-1] * 4, history_layers=2, codec=codec_name, bits=bits), hist)
+    owner.load(_weights(model, 7))
+    # a batch of machine 1's seeds (global ids >= 50): the roots are their in-neighbours machine 0 owns
+    seeds = torch.arange(50, 80)[:12]
+    src, _ = whole.in_edges(seeds)
+    roots = torch.unique(src[src < 50])
+    assert len(roots) > 5
+    # the reference: the whole graph's layers, the halo nodes' rows at layers 1 and 2 as machine 0 holds them
+    halo_gid = lg.nid[halo]
+    h = x
+    for i in range(3):
+        if i > 0:
+            h = h.clone()
+            h[halo_gid] = hist.pull(i, torch.nonzero(halo).flatten(), 0)[0]
+        h = model.layer_forward(i, whole, h)
+        if i < 2:
+            fresh = h
+    want = h[roots]
+    [ans] = owner.answer([roots])  # machine 0: local id = global id of its own nodes
+    got = codec.decode(ans.rows)
+    if bits == 32:
+        assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    else:
+        step = ans.rows[1].float()[:, None]  # the codec's step of each answer row (its scale)
+        assert bool(((got - want).abs() <= step * (1 + 1e-3) + 1e-5).all()), ((got - want).abs() / step).max()
+        assert not torch.allclose(got, want, atol=1e-6)  # (the rows went through the codec)
+    assert ans.version == 7
+    # the write-back: the boundary nodes' h^(1), h^(2), stamped with the weights' version
+    for layer, ref in ((1, exact[1]), (2, fresh)):
+        ids = torch.nonzero(boundary & (hist.stamp[layer - 1] == 7)).flatten()
+        assert len(ids) > 5, f"layer {layer}: nothing written back"
+        rows, age = hist.pull(layer, ids, 10)
+        assert bool((age == 3).all()), f"layer {layer}: ages {age.unique()}"
+        tol = 1e-5 if bits == 32 else hist.rows[layer - 1][1][ids].float()[:, None] * (1 + 1e-3) + 1e-5
+        assert bool(((rows - ref[ids]).abs() <= tol).all()), f"layer {layer}: written-back rows"
+
+
 # --- TMA: the weighted mean -------------------------------------------------------------------------
 def _submit(c, r, rank, theta, weight, now):
     return c.submit(r, rank, torch.tensor(theta), {"weight": weight, "stats": {"loss": 0.5, "round_steps": 1}}, now)
