@@ -103,6 +103,7 @@ class FakeRounds(Pipeline):
         super().__init__(ctx, SimpleNamespace(metric="acc", summary=dict))
         self.plan_of, self.nan_from, self.dies_at = plan_of, nan_from, dies_at
         self.round, self.units = 0, []
+        self.trained, self.loaded = [], []  # what it submitted after each round's training; every load
 
     def setup(self):
         self.model = torch.nn.Linear(3, 1, bias=False)
@@ -117,6 +118,7 @@ class FakeRounds(Pipeline):
             raise SystemExit("killed")
         with torch.no_grad():
             self.model.weight.add_(self.ctx.rank + 1.0)
+        self.trained.append(self.export_weights())
         self.batches += 1
         return 1, float("nan") if self.nan_from and self.round >= self.nan_from else 0.5
 
@@ -124,6 +126,7 @@ class FakeRounds(Pipeline):
         return parameters_to_vector(self.model.parameters()).detach().clone()
 
     def load_weights(self, flat):
+        self.loaded.append(flat.clone())
         with torch.no_grad():
             vector_to_parameters(flat.float(), self.model.parameters())
 
@@ -183,6 +186,20 @@ def _run(tmp_path, n=3, rounds=3, **kw):
     return pipes, drivers, results
 
 
+def _assert_each_round_released_the_weighted_mean_of_the_live(pipes, weights):
+    """After round r every trainer that submitted it loaded sum(w_k theta_k) / sum(w_k) over the
+    submissions of round r (theta_k: what rank k trained), and nothing else; round 0 is rank 0's
+    initial weights."""
+    for p in pipes:
+        if p.trained:
+            assert torch.equal(p.loaded[0], torch.zeros(3)), (p.ctx.rank, p.loaded[0])
+    for r in range(1, max(len(p.trained) for p in pipes) + 1):
+        live = [k for k, p in enumerate(pipes) if len(p.loaded) > r]
+        mean = sum(weights[k] * pipes[k].trained[r - 1].double() for k in live) / sum(weights[k] for k in live)
+        for k in live:
+            assert torch.allclose(pipes[k].loaded[r].double(), mean), f"round {r}, rank {k}: {pipes[k].loaded[r]} != {mean}"
+
+
 def test_the_fake_pipeline_is_a_round_pipeline(tmp_path):
     pipes, _, _ = _run(tmp_path, n=1, rounds=1)
     assert isinstance(pipes[0], RoundPipeline)
@@ -194,6 +211,7 @@ def test_the_driver_runs_the_rounds_with_the_weighted_mean(tmp_path):
     # the mean grows by (1*1 + 2*2 + 3*3) / (1 + 2 + 3) = 14/6 a round
     for p in pipes:
         assert torch.allclose(p.export_weights(), torch.full((3,), 3 * 14 / 6))
+    _assert_each_round_released_the_weighted_mean_of_the_live(pipes, [1.0, 2.0, 3.0])
     curve = read_curve(tmp_path)
     assert [c["round"] for c in curve] == [1, 2, 3]
     assert all(c["trainers"] == [0, 1, 2] and c["steps"] == {"0": 1, "1": 1, "2": 1} for c in curve)
@@ -216,7 +234,10 @@ def test_a_dead_trainer_is_left_out_and_its_units_handed_on(tmp_path):
     curve = read_curve(tmp_path)
     assert [c["trainers"] for c in curve] == [[0, 1, 2], [0, 1], [0, 1]]
     # after round 1 (14/6) only ranks 0 and 1 add: (1*1 + 2*2) / 3 = 5/3 a round
-    assert torch.allclose(pipes[0].export_weights(), torch.full((3,), 14 / 6 + 2 * 5 / 3))
+    for p in pipes[:2]:
+        assert torch.allclose(p.export_weights(), torch.full((3,), 14 / 6 + 2 * 5 / 3))
+    assert [len(p.loaded) for p in pipes] == [4, 4, 2]  # rank 2 loaded rounds 0 and 1 only
+    _assert_each_round_released_the_weighted_mean_of_the_live(pipes, [1.0, 2.0, 3.0])
     assert sorted(u for p in pipes[:2] for (r, ph, u) in p.units if r == 3 and ph == 1) == [0, 1, 2]
     assert not drivers[0].all_trainers_alive
 
