@@ -111,6 +111,36 @@ def test_partition_roundtrip(graph, parted, method, k):
     assert (seen_edges == 1).all(), "every edge an inner edge of exactly one part"
 
 
+@pytest.mark.parametrize("method", ["random", "metis"])
+def test_the_runtime_reads_each_nodes_owner_as_the_partitioner_assigned_it(graph, parted, method):
+    """The owner of every node as the runtime reads it, DGL's partition book (nid2partid of its
+    new id, which orig_nids maps back), is the assignment the partitioner computed (stats.json
+    hashes it before anything is written; random: the seed's assignment itself, METIS draws its
+    own); machine i's own nodes are its node_map range, and the rows degnn reads as its own
+    (own_rows: the KVStore's local rows in local-id order) are those nodes' features."""
+    from degnn.runtime.own_rows import own_rows
+    from partitioners.stats import digest
+
+    k, jpath = 3, parted[method, 3]
+    written = json.loads((jpath.parent / "stats.json").read_text())["assignment_digest"]
+    orig = torch.load(jpath.parent / "orig_nids.pt")
+    meta = json.loads(jpath.read_text())
+    n = graph.num_nodes()
+    for i, (pg, nfeat, _, gpb, _, _, _) in enumerate(_load_all(jpath, k)):
+        owner = torch.empty(n, dtype=torch.long)
+        owner[orig] = gpb.nid2partid(torch.arange(n)).long()  # by original id
+        assert digest(owner.numpy()) == written, f"machine {i}: the owners are not the assignment written"
+        if method == "random":
+            want = torch.from_numpy(partitioners.compute_assignment(graph, method, k, seed=1))
+            assert torch.equal(owner, want), f"machine {i}: {int((owner != want).sum())} nodes with another owner"
+        lo, hi = meta["node_map"]["_N"][i]
+        own = pg.ndata[dgl.NID][pg.ndata["inner_node"].bool()]
+        assert torch.equal(own, torch.arange(lo, hi))
+        assert torch.equal(torch.sort(orig[own]).values, torch.nonzero(owner == i).flatten())
+        rows = own_rows(SimpleNamespace(local_partition=nfeat["_N/feat"]), gpb, own)
+        assert rows is not None and torch.equal(rows, graph.ndata["feat"][orig[own]]), f"machine {i}: own rows"
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_stats(graph, parted, method):
     for k in (2, 3):
