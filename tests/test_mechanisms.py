@@ -406,3 +406,71 @@ def test_training_steps_schedule_the_halo_sync_and_each_halo_row_carries_the_ste
         LAMPPipeline._after_step(p, None, [])
     assert syncs == steps // every, f"{syncs} halo syncs in {steps} steps of halo_sync_steps={every}"
     assert bool((last >= 0).all()), "halo rows never refreshed"
+
+
+# --- distdgl: the sampled blocks and the pulled features --------------------------------------------
+class _Recorder(torch.nn.Module):
+    """Stands for the DDP model in DistDGLPipeline._step: keeps the blocks and inputs it is given."""
+
+    def __init__(self, classes):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.classes, self.seen = classes, []
+
+    def forward(self, blocks, x):
+        self.seen.append((blocks, x))
+        return torch.zeros(blocks[-1].num_dst_nodes(), self.classes) + self.w
+
+
+@pytest.mark.parametrize("prefetch,pull", [(0, False), (2, False), (2, True)], ids=["sync", "prefetch", "prefetch-pull"])
+def test_distdgl_steps_get_blocks_within_the_fanouts_and_the_rows_a_direct_pull_gives(prefetch, pull, tmp_path,
+                                                                                     monkeypatch):
+    """DistDGLPipeline's batches (`batches_of`: synchronous, or the prefetch thread's, pulling the
+    rows too with prefetch_pull) through `_step`, over a graph whose in-degrees exceed the fan-outs
+    and the task's dist_loader (its NeighborSampler of model.fanouts; DGL's DataLoader over a local
+    graph stands for DistNodeDataLoader, which needs graph servers): every block
+    has at most its layer's fan-out of in-edges a destination (exactly that many where the
+    graph has more), its edges are the graph's, and the model gets, for the batch it trains on,
+    the input nodes' feature rows, as a direct pull of those rows gives them."""
+    from degnn.pipelines.distdgl import DistDGLPipeline
+    from degnn.tasks import node, task_of
+
+    fanouts = [3, 5]
+    cfg = compose_config(["dataset=synthetic-tiny", "train.tensorboard=false", f"model.fanouts=[{fanouts[0]},{fanouts[1]}]",
+                          f"pipeline.prefetch={prefetch}", f"pipeline.prefetch_pull={str(pull).lower()}"])
+    gen = torch.Generator().manual_seed(0)
+    g = dgl.to_simple(dgl.graph((torch.randint(300, (9000,), generator=gen), torch.randint(300, (9000,), generator=gen))))
+    torch.manual_seed(0)
+    feat, label = torch.randn(300, 4), torch.randint(0, 3, (300,))
+    task = task_of(cfg)
+    task.label = label
+    ctx = RunContext(cfg=cfg, run_dir=tmp_path, rank=0, world_size=1, local_rank=1, machines=1,
+                     part_config=tmp_path, graph=None, log=logging.getLogger("distdgl"))
+    p = DistDGLPipeline(ctx, task)
+    p.prefetch, p.prefetch_pull, p.keep_prefetch, p.feat, p.cache = prefetch, pull, prefetch > 0, feat, None
+    p._rpc, p._prefetcher, p._batch_iter, p.rows = threading.Lock(), None, None, {"cached": 0, "pulled": 0}
+    p.background = {"sampling": 0.0, "pull": 0.0, "batches": 0}
+    p.pb = SimpleNamespace(partid=0, nid2partid=lambda ids: torch.zeros_like(ids))
+    p.feat_row_bytes, p.allreduce_bytes = 16, 0
+    p.ddp = _Recorder(3)
+    p.optimize = lambda loss: float(loss.detach())
+    monkeypatch.setattr(node, "DistNodeDataLoader", dgl.dataloading.DataLoader)
+    p.loader = task.dist_loader(g, torch.arange(120), 16)
+    batches = []
+    for item in p.batches_of(0):
+        batches.append(item[0] if pull else item)
+        p.step(item)
+    assert len(batches) == len(p.ddp.seen) == 120 // 16 + 1
+    src_all, dst_all = g.edges()
+    edges = set(zip(src_all.tolist(), dst_all.tolist()))
+    indeg = g.in_degrees()
+    for (input_nodes, seeds, blocks), (seen_blocks, x) in zip(batches, p.ddp.seen):
+        assert seen_blocks is blocks
+        assert torch.equal(x, feat[input_nodes]), "the model's inputs are not the batch's input rows"
+        for k, block in enumerate(blocks):
+            deg = block.in_degrees()
+            dst = block.dstdata[dgl.NID]
+            assert int(deg.max()) <= fanouts[k], f"block {k}: {int(deg.max())} in-edges > fan-out {fanouts[k]}"
+            assert torch.equal(deg, indeg[dst].clamp(max=fanouts[k])), f"block {k}: not min(fan-out, in-degree)"
+            s, d = block.edges()
+            assert set(zip(block.srcdata[dgl.NID][s].tolist(), dst[d].tolist())) <= edges
