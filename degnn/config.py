@@ -40,7 +40,7 @@ class DatasetConfig:
     # where datasets live (OGB's `root`); real OGB data is read from here when present
     root: str = "${oc.env:DEGNN_DATA,data}"
     # custom: a dgl.save_graphs file or an OGB-layout folder; debian: a saved `apt-cache dumpavail`
-    # (unset: this machine's APT index)
+    # (unset: this machine's APT index); chunked: the folder of a chunked graph (its metadata.json)
     path: Optional[str] = None
     # synthetic generator knobs
     num_nodes: int = 0

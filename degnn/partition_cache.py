@@ -113,11 +113,15 @@ def ensure_partitions(dataset_cfg, partition_cfg) -> Path:
 
         if method == "random" and str(dataset_cfg.kind) in CHUNKED_KINDS:
             # never loaded whole: partitioned in passes over its chunks
-            from degnn.data.chunked import open_chunked
+            from degnn.chunked import ChunkedError, open_chunked
+            from partitioners.assign import PartitionError
             from degnn.data.chunked_dataset import chunked_folder
             from partitioners.stream_random import write_chunked_partition
 
-            g = open_chunked(chunked_folder(dataset_cfg))
+            try:
+                g = open_chunked(chunked_folder(dataset_cfg))
+            except ChunkedError as e:
+                raise PartitionError(str(e)) from None
             validate(method, int(partition_cfg.num_parts), g.num_nodes, str(dataset_cfg.name))
             return write_chunked_partition(g, int(partition_cfg.num_parts), out, str(dataset_cfg.name),
                                            int(partition_cfg.seed), int(partition_cfg.stream_budget_mb) << 20,

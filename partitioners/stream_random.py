@@ -1,4 +1,4 @@
-"""Random partitioning of a chunked graph (degnn.data.chunked) in passes, within a memory budget.
+"""Random partitioning of a chunked graph (degnn.chunked) in passes, within a memory budget.
 
 It writes what partitioners.writer writes for an in-memory graph cut by the same random assignment
 (assign.random_assignment: the same seed gives the same parts): DGL's partition format with each
@@ -35,7 +35,7 @@ import numpy as np
 
 from .assign import RANDOM_STREAM, PartitionError, random_assignment
 from .folder import STATS, check_out, folder_lock, install, temp_folder, validate
-from .tensor_dict import TensorDictWriter, write_empty
+from degnn.tensor_dict import TensorDictWriter, write_empty
 
 DEFAULT_BUDGET = 2 << 30
 # bytes an edge costs in an edge pass (csv parse, src/dst, parts, ranks, spill columns)
@@ -73,9 +73,12 @@ def partition_chunked(
     """Partition the chunked graph at `chunked` (a folder, or an opened ChunkedGraph) randomly into
     `num_parts` parts at `out`; returns the partition JSON. Bad input (a chunk missing, truncated or
     of the wrong length, a node id out of range) raises before anything is at `out`."""
-    from degnn.data.chunked import ChunkedGraph, open_chunked
+    from degnn.chunked import ChunkedError, ChunkedGraph, open_chunked
 
-    g = chunked if isinstance(chunked, ChunkedGraph) else open_chunked(chunked)
+    try:
+        g = chunked if isinstance(chunked, ChunkedGraph) else open_chunked(chunked)
+    except ChunkedError as e:
+        raise PartitionError(str(e)) from None
     n, k = g.num_nodes, int(num_parts)
     validate("random", num_parts, n, graph_name)
     out = Path(out).absolute()
@@ -94,9 +97,14 @@ def partition_chunked(
 def write_chunked_partition(g, k: int, out: Path, graph_name: str, seed: int, budget_bytes: int,
                             settings: Dict[str, Any]) -> Path:
     """Partition into a temporary sibling folder, then rename it to `out` (caller holds the lock)."""
+    from degnn.chunked import ChunkedError
+
     tmp = temp_folder(out)
     try:
         return _write(g, k, out, tmp, graph_name, seed, budget_bytes, settings)
+    except ChunkedError as e:  # a bad chunk found while reading it
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise PartitionError(str(e)) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -355,8 +363,6 @@ def main() -> None:
     measurements and docs/usage.md run (bad input: one line on stderr, exit status 2)."""
     import sys
 
-    from degnn.data.graph import DatasetError
-
     a = sys.argv[1:]
     if len(a) < 3:
         print(main.__doc__.split(":", 1)[0].strip("`"), file=sys.stderr)
@@ -364,7 +370,7 @@ def main() -> None:
     budget = int(float(a[3]) * (1 << 20)) if len(a) > 3 else DEFAULT_BUDGET
     try:
         j = partition_chunked(a[0], int(a[2]), a[1], Path(a[1]).name, int(a[4]) if len(a) > 4 else 0, budget)
-    except (PartitionError, DatasetError) as e:
+    except PartitionError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     print(j)

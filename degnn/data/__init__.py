@@ -18,7 +18,7 @@ from .graph import (DatasetError, GraphData, check_finite, config_value, edge_ho
 
 
 KINDS = ("synthetic", "ogb", "wordnet", "debian", "custom", "chunked", "synthetic_chunked")
-# kinds stored as chunked graphs (chunked.py): partitioned randomly without loading them whole
+# kinds stored as chunked graphs (degnn/chunked.py): partitioned randomly without loading them whole
 CHUNKED_KINDS = ("chunked", "synthetic_chunked")
 
 

@@ -14,7 +14,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from .chunked import META, open_chunked, read_whole
+from degnn.chunked import META, ChunkedError, open_chunked, read_whole
 from .graph import DatasetError, GraphData, config_value, resolve_root
 
 
@@ -67,12 +67,18 @@ def load_chunked(cfg) -> GraphData:
     from .evaluate import accuracy_evaluator
 
     name = str(config_value(cfg, "name"))
-    g = open_chunked(chunked_folder(cfg))
+    try:
+        g = open_chunked(chunked_folder(cfg))
+    except ChunkedError as e:
+        raise DatasetError(f"dataset {name}: {e}") from None
     missing = [k for k in ("feat", "label", "train_mask", "val_mask", "test_mask") if k not in g.node_data]
     if missing:
         raise DatasetError(f"dataset {name}: {g.path / META} has no node data {', '.join(missing)}; "
                            f"a node task needs feat, label and the three masks")
-    src, dst, nd = read_whole(g)
+    try:
+        src, dst, nd = read_whole(g)
+    except ChunkedError as e:
+        raise DatasetError(f"dataset {name}: {e}") from None
     graph = dgl.graph((torch.from_numpy(src), torch.from_numpy(dst)), num_nodes=g.num_nodes)
     for k, v in nd.items():
         t = torch.from_numpy(np.ascontiguousarray(v))

@@ -32,7 +32,7 @@ from typing import Dict
 
 import numpy as np
 
-from .chunked import ChunkedWriter
+from degnn.chunked import ChunkedWriter
 from .synthetic import LABEL_NOISE, MEAN_SCALE, NEIGHBOUR_CLASS_SHARE, PARETO_SHAPE, SPLIT
 
 # bytes a drawn edge costs while its block is drawn, merged and formatted (measured: ~150)

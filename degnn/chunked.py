@@ -30,7 +30,6 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-from .graph import DatasetError
 
 META = "metadata.json"
 NTYPE = "_N"
@@ -38,8 +37,9 @@ ETYPE = "_N:_E:_N"
 NODE_KEYS = ("feat", "label", "train_mask", "val_mask", "test_mask")
 
 
-class ChunkedError(DatasetError):
-    """A chunked graph folder that does not hold what its metadata says (names the file)."""
+class ChunkedError(ValueError):
+    """A chunked graph folder that does not hold what its metadata says (names the file); the
+    dataset loader and the partitioner raise it on as their own error (DatasetError, PartitionError)."""
 
 
 def _npy_header(path: Path) -> Tuple[Tuple[int, ...], np.dtype, int]:
