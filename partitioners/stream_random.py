@@ -89,6 +89,13 @@ def partition_chunked(
     if node_state > budget_bytes:
         raise PartitionError(f"{n} nodes in {k} parts need {node_state >> 20} MiB of per-node state, over the "
                              f"budget of {budget_bytes >> 20} MiB; raise partition.stream_budget_mb")
+    # a random part holds about E/K inner edges and (K-1)/K of as many outgoing halo edges: refuse
+    # before the edge pass what the exact check after it would refuse
+    part_edges = g.num_edges * (2 * k - 1) / (k * k)
+    if part_edges * PART_EDGE_BYTES > 1.1 * budget_bytes:
+        raise PartitionError(f"a part of {k} will have about {int(part_edges)} edges (with its halo's): about "
+                             f"{int(part_edges * PART_EDGE_BYTES) >> 20} MiB to build, over the budget of "
+                             f"{budget_bytes >> 20} MiB; raise partition.stream_budget_mb or partition into more parts")
     with folder_lock(out):
         check_out(out, graph_name, "random", k, force)
         return write_chunked_partition(g, k, out, graph_name, int(seed), int(budget_bytes), settings)
