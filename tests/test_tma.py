@@ -426,6 +426,7 @@ def test_each_variant_trains_averages_and_evaluates_on_two_machines(tmp_path, va
         src, dst, nd = read_whole(open_chunked(chunked_folder(cfg)))
         assert s["graph_digest"] == digest(src, dst, nd["train_mask"], nd["label"]), s
         assert s["partition_digest"] == digest(random_assignment(len(nd["label"]), 2, 0)), s
+        assert s["partition_streamed"] is True, s  # cut in passes over the chunks, never loaded whole
     assert s["best_val"] > 0.4 and s["test"] is not None and s["test_final"] is not None  # 8 classes
     steps = s["steps_per_trainer"]
     assert set(steps) == {"0", "1"} and min(steps.values()) > 0 and s["batches"] == sum(steps.values())
