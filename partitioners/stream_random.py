@@ -33,7 +33,7 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from .assign import RANDOM_STREAM, PartitionError, random_assignment
+from .assign import PartitionError, random_assignment
 from .folder import STATS, check_out, folder_lock, install, temp_folder, validate
 from degnn.tensor_dict import TensorDictWriter, write_empty
 
@@ -225,7 +225,8 @@ def _write(g, k: int, out: Path, tmp: Path, graph_name: str, seed: int, budget: 
                 raise PartitionError(f"internal: part {p} has {len(halo_ids)} halo nodes in its edges, "
                                      f"{halo_count[p]} flagged")
 
-            def local(x: np.ndarray) -> np.ndarray:
+            def local(x: np.ndarray, halo_ids=halo_ids) -> np.ndarray:
+                """Part-local ids: own nodes first (new id - lo), then halo nodes in id order."""
                 own = (x >= lo) & (x < hi)
                 return np.where(own, x - lo, (hi - lo) + np.searchsorted(halo_ids, x))
 

@@ -22,7 +22,7 @@ count is fixed by its mass instead of sampled; reverse edges are stored rather t
 and the random streams differ, so a seed gives another graph than synthetic.py's.
 
 Memory: the blocks are sized from `budget_bytes` (the per-node arrays above come on top); the
-peak is measured by tests/test_chunked.py and bench=scale's records.
+peak is measured by tests/test_chunked.py and benchmarks/chunked_scale.py (docs/benchmarks.md).
 """
 from __future__ import annotations
 
