@@ -33,14 +33,14 @@ CONF_DIR = str(_conf_dir())
 @dataclass
 class DatasetConfig:
     name: str = MISSING
-    # synthetic | ogb | wordnet | debian | custom
+    # synthetic | ogb | wordnet | debian | custom | chunked | synthetic_chunked
     kind: str = MISSING
     # node | link
     task: str = "node"
     # where datasets live (OGB's `root`); real OGB data is read from here when present
     root: str = "${oc.env:DEGNN_DATA,data}"
     # custom: a dgl.save_graphs file or an OGB-layout folder; debian: a saved `apt-cache dumpavail`
-    # (unset: this machine's APT index)
+    # (unset: this machine's APT index); chunked: the folder of a chunked graph (its metadata.json)
     path: Optional[str] = None
     # synthetic generator knobs
     num_nodes: int = 0
@@ -135,6 +135,9 @@ class PartitionConfig:
     # supernode: METIS clusters dealt to parts (scaled down on small graphs)
     num_supernodes: int = 15000
     balance_edges: bool = True
+    # random parts of a chunked dataset are written in passes over its chunks within this many MiB
+    # (per-node state and one part's graph included; partitioners/stream_random.py)
+    stream_budget_mb: int = 2048
     # partitions are cached here, keyed by dataset, method, K and seed
     root: str = "${oc.env:DEGNN_PARTITIONS,partitions}"
     # a partition made elsewhere (its DGL partition config JSON: DGL's partition_graph or its

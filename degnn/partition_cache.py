@@ -109,8 +109,23 @@ def ensure_partitions(dataset_cfg, partition_cfg) -> Path:
         hit = _cached(out, settings)  # another process may have written it meanwhile
         if hit is not None:
             return hit
-        from degnn.data import load_dataset
+        from degnn.data import CHUNKED_KINDS, load_dataset
 
+        if method == "random" and str(dataset_cfg.kind) in CHUNKED_KINDS:
+            # never loaded whole: partitioned in passes over its chunks
+            from degnn.chunked import ChunkedError, open_chunked
+            from partitioners.assign import PartitionError
+            from degnn.data.chunked_dataset import chunked_folder
+            from partitioners.stream_random import write_chunked_partition
+
+            try:
+                g = open_chunked(chunked_folder(dataset_cfg))
+            except ChunkedError as e:
+                raise PartitionError(str(e)) from None
+            validate(method, int(partition_cfg.num_parts), g.num_nodes, str(dataset_cfg.name))
+            return write_chunked_partition(g, int(partition_cfg.num_parts), out, str(dataset_cfg.name),
+                                           int(partition_cfg.seed), int(partition_cfg.stream_budget_mb) << 20,
+                                           settings)
         t0 = time.time()
         data = load_dataset(dataset_cfg)
         graph = data.graph

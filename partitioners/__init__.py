@@ -8,6 +8,8 @@ Public API:
     partition_graph(graph, method, num_parts, out, graph_name, seed=0, num_supernodes=15000,
                     balance_edges=True, force=False, link_split=None, settings=None) -> Path
     existing_partition(path, machines, method=None) -> Path        # a DGL partition made elsewhere, checked
+    stream_random.partition_chunked(chunked_dir, num_parts, out, graph_name, seed=0,
+                    budget_bytes=2 GiB) -> Path                    # random parts of a chunked graph, in passes
     is_complete(out) -> bool                                       # a finished partition folder
     compute_assignment(graph, method, num_parts, ...) -> np.ndarray
     partition_stats(graph, part, num_parts) -> dict

@@ -1,6 +1,7 @@
 """`python -m partitioners dataset=<name> partition=<random|metis|supernode> partition.num_parts=K out=<dir>`
 
-Loads the dataset through `degnn.data.load_dataset`, partitions it into `out` (DGL's partition
+Loads the dataset through `degnn.data.load_dataset`, partitions it (random parts of a chunked
+dataset: in passes over its chunks, partitioners/stream_random.py) into `out` (DGL's partition
 format, `stats.json`, `COMPLETE`) and prints the statistics as a table. Hydra multirun works,
 e.g. ``-m partition=random,metis,supernode out=/tmp/p/\\${partition.method}``.
 Bad input: ``error: ...`` on stderr, exit status 2, nothing left at `out`.
@@ -32,10 +33,22 @@ def run(cfg: DictConfig) -> Path:
     except PartitionError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    from degnn.data import DatasetError, load_dataset
+    from degnn.data import CHUNKED_KINDS, DatasetError, load_dataset
     from degnn.partition_cache import partition_settings
 
     try:
+        if str(pc.method) == "random" and str(cfg.dataset.kind) in CHUNKED_KINDS:
+            # a chunked graph is cut in passes over its chunks, never loaded whole
+            from degnn.data.chunked_dataset import chunked_folder
+
+            from .stream_random import partition_chunked
+
+            jpath = partition_chunked(chunked_folder(cfg.dataset), int(pc.num_parts), str(cfg.out),
+                                      str(cfg.dataset.name), int(pc.seed), int(pc.stream_budget_mb) << 20,
+                                      partition_settings(cfg.dataset, pc), bool(cfg.force))
+            print(format_table(json.loads((jpath.parent / "stats.json").read_text())))
+            print(f"partition config: {jpath}")
+            return jpath
         data = load_dataset(cfg.dataset)
         jpath = partition_graph(
             data.graph,

@@ -132,6 +132,24 @@ def is_complete(out: Union[str, Path]) -> bool:
     return link is None or (out / link).is_file()
 
 
+def temp_folder(out: Path) -> Path:
+    """A fresh hidden sibling of `out` to write a partition into (caller holds the lock)."""
+    _clean_stale_temps(out)
+    return out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def install(tmp: Path, out: Path) -> None:
+    """Mark the finished partition in `tmp` COMPLETE and rename it to `out` (replacing one there)."""
+    (tmp / COMPLETE).write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.rename(out, old)
+    os.rename(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 # ----------------------------------------------------------------------------- partition_graph
 def write_partition(
     graph,
@@ -149,8 +167,7 @@ def write_partition(
     """Partition into a temporary sibling folder, then rename it to `out` (caller holds the lock).
     stats.json records the seconds (`load_time_s`: the dataset's load or build, when the caller
     timed it) and the partitioning process's peak RSS (`peak_rss_mb`, the whole graph included)."""
-    _clean_stale_temps(out)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = temp_folder(out)
     try:
         t0 = time.time()
         sg = structure_graph(graph) if method != "random" else None
@@ -185,14 +202,7 @@ def write_partition(
         )
         with open(tmp / STATS, "w") as f:
             json.dump(stats, f, indent=2)
-        (tmp / COMPLETE).write_text(time.strftime("%Y-%m-%dT%H:%M:%S") + "\n")
-        old = None
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            os.rename(out, old)
-        os.rename(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        install(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

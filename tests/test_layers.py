@@ -17,7 +17,7 @@ ROOTS = ("degnn", "partitioners", "benchmarks")
 
 # lowest first; a package may import its own modules and those of lower layers only
 LAYERS = [
-    {"degnn", "degnn.config", "degnn.proc"},
+    {"degnn", "degnn.config", "degnn.proc", "degnn.chunked", "degnn.tensor_dict"},
     {"degnn.data", "degnn.metrics", "degnn.models", "partitioners"},
     {"degnn.runtime"},
     {"degnn.tasks"},

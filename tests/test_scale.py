@@ -136,7 +136,8 @@ def test_the_partitioner_records_its_load_time_and_peak_and_the_launcher_copies_
     assert partition_keys(plan) == {"partition_s": stats["wall_time_s"], "partition_load_s": stats["load_time_s"],
                                     "partition_peak_rss_mb": stats["peak_rss_mb"],
                                     "partition_edge_cut_fraction": stats["edge_cut_fraction"],
-                                    "graph_digest": stats["graph_digest"], "partition_digest": stats["assignment_digest"]}
+                                    "graph_digest": stats["graph_digest"], "partition_digest": stats["assignment_digest"],
+                                    "partition_streamed": None}
     assert len(stats["graph_digest"]) == len(stats["assignment_digest"]) == 16
     (part_config.parent / "stats.json").unlink()  # a partition made elsewhere: nothing to copy
     assert set(partition_keys(plan).values()) == {None}

@@ -376,8 +376,8 @@ netns = needs_netns
 BASE = ["-m", "degnn.launch", "pipeline=tma", "cluster=netns", "dataset=synthetic-tiny"]
 
 
-def _launch(run_dir, *overrides, timeout=240):
-    r = subprocess.run([PY, *BASE, *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO,
+def _launch(run_dir, *overrides, timeout=240, base=BASE):
+    r = subprocess.run([PY, *base, *overrides, f"hydra.run.dir={run_dir}"], cwd=REPO,
                        capture_output=True, text=True, timeout=timeout)
     return r
 
@@ -397,19 +397,36 @@ def _nothing_left(run_dir) -> None:
 @pytest.mark.parametrize("variant", ["random", "llcg"])
 def test_each_variant_trains_averages_and_evaluates_on_two_machines(tmp_path, variant):
     """random and llcg here; supernode and psgd-pa, which differ from random only in the partition
-    they train on (VARIANT_PARTITION), run in the dropped-partition and the resume tests below."""
+    they train on (VARIANT_PARTITION), run in the dropped-partition and the resume tests below.
+    random trains on a chunked graph (the streaming generator's), partitioned in passes over its
+    chunks (partitioners/stream_random.py)."""
     run_dir = tmp_path / "run"
     # LLCG evaluates only the last of its 2 rounds (train.eval_every=2): round 1 is averaged,
     # corrected and released without an evaluation
     every = 2 if variant == "llcg" else 1
+    chunked = variant == "random"
+    base = [a if a != "dataset=synthetic-tiny" else "dataset=synthetic-chunked-tiny" for a in BASE] if chunked else BASE
     r = _launch(run_dir, "cluster.machines=2", f"pipeline.variant={variant}", "pipeline.time_limit_s=8",
-                "pipeline.sync_every_s=4", f"train.eval_every={every}")
+                "pipeline.sync_every_s=4", f"train.eval_every={every}", base=base)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     assert f"result: pipeline=tma/{variant}" in r.stdout
     s = _summary(run_dir)
     assert s["status"] == "ok" and s["rounds"] == 2 and s["epochs"] == 2
     assert s["trainers_alive"] == 2 and s["trainers_dead_ranks"] == [] and "trainers_died" not in s
     assert s["partition_method"] == VARIANT_PARTITION[variant]
+    if chunked:  # trained on the chunked graph, cut by the random assignment of its seed
+        from degnn.chunked import open_chunked, read_whole
+        from degnn.data.chunked_dataset import chunked_folder
+        from partitioners.assign import random_assignment
+        from partitioners.stats import digest
+
+        from omegaconf import OmegaConf
+        cfg = OmegaConf.load(REPO / "conf" / "dataset" / "synthetic-chunked-tiny.yaml")
+        cfg.root = str(REPO / "data")
+        src, dst, nd = read_whole(open_chunked(chunked_folder(cfg)))
+        assert s["graph_digest"] == digest(src, dst, nd["train_mask"], nd["label"]), s
+        assert s["partition_digest"] == digest(random_assignment(len(nd["label"]), 2, 0)), s
+        assert s["partition_streamed"] is True, s  # cut in passes over the chunks, never loaded whole
     assert s["best_val"] > 0.4 and s["test"] is not None and s["test_final"] is not None  # 8 classes
     steps = s["steps_per_trainer"]
     assert set(steps) == {"0", "1"} and min(steps.values()) > 0 and s["batches"] == sum(steps.values())

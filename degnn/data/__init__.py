@@ -17,7 +17,9 @@ from .graph import (DatasetError, GraphData, check_finite, config_value, edge_ho
                     node_masks, resolve_root)
 
 
-KINDS = ("synthetic", "ogb", "wordnet", "debian", "custom")
+KINDS = ("synthetic", "ogb", "wordnet", "debian", "custom", "chunked", "synthetic_chunked")
+# kinds stored as chunked graphs (degnn/chunked.py): partitioned randomly without loading them whole
+CHUNKED_KINDS = ("chunked", "synthetic_chunked")
 
 
 def load_dataset(cfg) -> GraphData:
@@ -40,10 +42,13 @@ def load_dataset(cfg) -> GraphData:
         from .wordnet import load_wordnet as fn
     elif kind == "debian":
         from .debian import load_debian as fn
+    elif kind in CHUNKED_KINDS:
+        from .chunked_dataset import load_chunked as fn
     else:
         from .custom import load_custom as fn
     data = fn(cfg)
-    data = finalize(data, bool(config_value(cfg, "to_bidirected", True)))
+    # a chunked graph is used as stored (chunked_dataset.chunked_folder refuses to_bidirected)
+    data = finalize(data, kind not in CHUNKED_KINDS and bool(config_value(cfg, "to_bidirected", True)))
     data.info.setdefault("load_s", round(time.time() - t0, 3))
     return data
 
@@ -72,6 +77,10 @@ def dataset_version(cfg) -> Dict[str, object]:
         from .wordnet import _knobs
     elif kind == "debian":
         from .debian import _knobs
+    elif kind in CHUNKED_KINDS:
+        from .chunked_dataset import chunked_version
+
+        return {"kind": kind, **chunked_version(cfg)}
     else:
         # real OGB data and custom files: where they are, and when they last changed
         if kind == "custom":
@@ -83,5 +92,5 @@ def dataset_version(cfg) -> Dict[str, object]:
     return {"kind": kind, **_knobs(cfg)}
 
 
-__all__ = ["DatasetError", "GraphData", "KINDS", "check_finite", "config_value", "dataset_version", "edge_homophily",
+__all__ = ["CHUNKED_KINDS", "DatasetError", "GraphData", "KINDS", "check_finite", "config_value", "dataset_version", "edge_homophily",
            "finalize", "graph_stats", "load_dataset", "node_masks", "on_disk", "resolve_root"]

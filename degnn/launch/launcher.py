@@ -284,7 +284,8 @@ def partition_keys(plan: Plan) -> dict:
     (the dataset's load or build), `partition_peak_rss_mb` (the partitioning process's peak), and
     what the partition is: `partition_edge_cut_fraction`, `graph_digest` and `partition_digest`
     (hashes of the graph and of the node assignment: runs with the same digests ran on the same
-    data and parts); None for a partition without them (one made elsewhere: partition.path, or
+    data and parts), `partition_streamed` (true for random parts cut in passes over a chunked
+    graph); None for a partition without them (one made elsewhere: partition.path, or
     one built before the digests were recorded)."""
     try:
         stats = json.loads((Path(plan.procs[0].env["DGL_CONF_PATH"]).parent / "stats.json").read_text())
@@ -293,7 +294,8 @@ def partition_keys(plan: Plan) -> dict:
     return {"partition_s": stats.get("wall_time_s"), "partition_load_s": stats.get("load_time_s"),
             "partition_peak_rss_mb": stats.get("peak_rss_mb"),
             "partition_edge_cut_fraction": stats.get("edge_cut_fraction"),
-            "graph_digest": stats.get("graph_digest"), "partition_digest": stats.get("assignment_digest")}
+            "graph_digest": stats.get("graph_digest"), "partition_digest": stats.get("assignment_digest"),
+            "partition_streamed": stats.get("streamed")}
 
 
 def launcher_keys(sup: Supervisor, limits: MachineLimits) -> dict:

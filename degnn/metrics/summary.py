@@ -87,7 +87,7 @@ LAUNCHER_KEYS = ("net_tx_bytes_per_machine", "net_rx_bytes_per_machine", "traine
                  "stopped_by", "failed_process", "peak_rss_mb_per_process", "peak_rss_mb_server",
                  "memory_per_machine_mb", "cpus_per_machine", "machine_peak_memory_mb",
                  "partition_s", "partition_load_s", "partition_peak_rss_mb", "partition_edge_cut_fraction",
-                 "graph_digest", "partition_digest")
+                 "graph_digest", "partition_digest", "partition_streamed")
 
 
 def summary_keys(extra=None) -> List[str]:

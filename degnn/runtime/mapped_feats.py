@@ -7,13 +7,7 @@ loading a quarter of bench=scale's 4M graph was killed by a 1.6 GiB memory cgrou
 server reads the same file through `numpy.memmap` instead: the copy into shared memory pages the
 file in from the page cache, which the kernel can reclaim, so only the shared-memory copy stays.
 
-The file layout read here is DGL's tensor-dict format (`dgl.data.utils.save_tensors`, DGL 1.1):
-
-    u64 magic 0xDD5A9FBE3FA2443F, u64 count, u64 count, then count times:
-        u64 name length, the name's bytes,
-        u64 magic 0xDD5E40F096B4A13F, u64 reserved, i32 device type, i32 device id, i32 ndim,
-        u8 type code, u8 bits, u16 lanes, i64 shape[ndim], i64 data bytes, the data (C order)
-
+The file layout read here is DGL's tensor-dict format (degnn/tensor_dict.py lays it out).
 Any file that does not parse exactly (another DGL version, a type this does not know, a size that
 does not add up) is read by DGL's own `load_tensors`, as before.
 """
@@ -26,16 +20,9 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from degnn.tensor_dict import ARRAY_MAGIC, CPU, DICT_MAGIC, DTYPES
+
 log = logging.getLogger(__name__)
-
-_DICT_MAGIC = 0xDD5A9FBE3FA2443F
-_ARRAY_MAGIC = 0xDD5E40F096B4A13F
-_CPU = 1
-# DLPack (type code, bits) -> numpy dtype; lanes must be 1
-_DTYPES = {(0, 8): np.int8, (0, 16): np.int16, (0, 32): np.int32, (0, 64): np.int64,
-           (1, 8): np.uint8, (1, 16): np.uint16, (1, 32): np.uint32, (1, 64): np.uint64,
-           (2, 16): np.float16, (2, 32): np.float32, (2, 64): np.float64}
-
 
 class _Unparsed(Exception):
     pass
@@ -54,7 +41,7 @@ def _layout(path: str):
             return struct.unpack(fmt, b)
 
         magic, count, count2 = read("<QQQ")
-        if magic != _DICT_MAGIC or count != count2:
+        if magic != DICT_MAGIC or count != count2:
             raise _Unparsed("not a DGL tensor dict")
         for _ in range(count):
             (nlen,) = read("<Q")
@@ -62,11 +49,11 @@ def _layout(path: str):
                 raise _Unparsed("name too long")
             name = f.read(nlen).decode()
             magic, _, dev, _, ndim, code, bits, lanes = read("<QQiiiBBH")
-            if magic != _ARRAY_MAGIC or dev != _CPU or lanes != 1 or (code, bits) not in _DTYPES or not 0 <= ndim <= 8:
+            if magic != ARRAY_MAGIC or dev != CPU or lanes != 1 or (code, bits) not in DTYPES or not 0 <= ndim <= 8:
                 raise _Unparsed(f"array {name}: unknown header")
             shape = read(f"<{ndim}q") if ndim else ()
             (nbytes,) = read("<q")
-            dtype = np.dtype(_DTYPES[(code, bits)])
+            dtype = np.dtype(DTYPES[(code, bits)])
             if nbytes != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
                 raise _Unparsed(f"array {name}: size does not match its shape")
             out.append((name, dtype, tuple(shape), f.tell()))
