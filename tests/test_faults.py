@@ -606,3 +606,25 @@ def test_a_diverged_tma_run_fails_naming_the_round(tmp_path):
     curve = [json.loads(l) for l in (run_dir / "curve.jsonl").read_text().splitlines()]
     assert curve[-1]["round"] == 1 and curve[-1]["diverged"] is True
     assert not fake_entry.processes_mentioning(str(run_dir))
+
+
+def test_a_full_disk_mid_checkpoint_keeps_the_old_checkpoint_and_says_so(tiny_disk):
+    from degnn.runtime.checkpoint import CheckpointError, load_checkpoint, save_atomic
+
+    path = tiny_disk / "checkpoint.pt"
+    old = {"model": {"w": torch.arange(100.0)}, "optimizer": {}, "state": {"epoch": 1}, "rng": []}
+    save_atomic(path, old)  # fits the 64 KiB disk
+    new = {"model": {"w": torch.ones(40_000)}, "optimizer": {}, "state": {"epoch": 2}, "rng": []}
+    with pytest.raises(CheckpointError) as e:
+        save_atomic(path, new)  # 160 KB: does not
+    line = str(e.value)
+    assert "\n" not in line and "basic_ios" not in line
+    assert line.startswith(f"{path} not written: the disk is full (it needs 16") and " bytes, " in line
+    assert "the previous checkpoint.pt is kept" in line
+    assert os.listdir(tiny_disk) == ["checkpoint.pt"]  # no temporary file left
+    assert load_checkpoint(path)["state"]["epoch"] == 1 and torch.equal(
+        load_checkpoint(path)["model"]["w"], old["model"]["w"])
+    (tiny_disk / "checkpoint.pt").unlink()
+    with pytest.raises(CheckpointError, match="no checkpoint.pt was written"):
+        save_atomic(path, new)
+    assert os.listdir(tiny_disk) == []

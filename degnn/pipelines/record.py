@@ -10,7 +10,6 @@ summarised by the launcher (degnn/launch/launcher.py, `write_failure`) from the 
 """
 from __future__ import annotations
 
-import os
 import random
 import time
 from pathlib import Path
@@ -24,7 +23,8 @@ from degnn.metrics import append_curve, breakdown_per_batch, read_curve, write_c
 from degnn.metrics.summary import NOT_PER_BATCH, RunSummary, to_dict
 from degnn.metrics.tracking import Tracker
 from degnn.runtime.heartbeat import peak_rss_kb
-from degnn.runtime.checkpoint import BEST_MODEL, CHECKPOINT, CheckpointError, check_resume, config_identity
+from degnn.runtime.checkpoint import (BEST_MODEL, CHECKPOINT, CheckpointError, check_resume, config_identity,
+                                     save_atomic)
 
 
 def rng_state() -> dict:
@@ -45,12 +45,6 @@ def set_rng_state(state: dict) -> None:
                          n["gauss"]))
     py = state["python"]
     random.setstate((py["version"], tuple(int(w) for w in py["state"].tolist()), py["gauss"]))
-
-
-def save_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def param_digest(model: torch.nn.Module) -> str:
