@@ -628,3 +628,35 @@ def test_a_full_disk_mid_checkpoint_keeps_the_old_checkpoint_and_says_so(tiny_di
     with pytest.raises(CheckpointError, match="no checkpoint.pt was written"):
         save_atomic(path, new)
     assert os.listdir(tiny_disk) == []
+
+
+def test_a_dev_shm_too_small_for_the_parts_is_refused_before_start(part, tmp_path):
+    """The launcher in a private mount namespace whose /dev/shm is a 4 KiB tmpfs (Docker gives 64 MB)."""
+    if os.geteuid() != 0:
+        pytest.skip("a private mount namespace with a small /dev/shm needs root")
+    run_dir = tmp_path / "run"
+    runner = [PY, "-c", fake_entry.RUNNER, str(run_dir), part, "cluster=local",
+              "cluster.isolate=false", f"cluster.port={free_port()}"]
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                        'mount -t tmpfs -o size=4k tmpfs /dev/shm && exec "$@"', "sh", *runner],
+                       cwd=REPO, capture_output=True, text=True, timeout=budget(120))
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    sizes = int(1.05 * sum(os.path.getsize(os.path.join(os.path.dirname(part), "part0", f))
+                           for f in ("graph.dgl", "node_feat.dgl", "edge_feat.dgl")))
+    assert lines[0].startswith("degnn.launch: error: /dev/shm has 4096 bytes (0.0 MiB) free, but the "
+                               f"graph server of machine 0 puts {sizes} bytes"), lines[0]
+    assert "docker run --shm-size=" in lines[0] and "use more machines" in lines[0]
+    assert not run_dir.exists() or not os.listdir(run_dir)  # nothing started, nothing written
+
+
+def test_a_private_dev_shm_too_small_for_its_part_is_refused(part, monkeypatch):
+    from degnn.launch import shm
+
+    monkeypatch.setattr(shm, "private_shm_bytes", lambda: 1000)  # half of a 2000-byte host
+    with pytest.raises(LaunchError, match=r"^machine 0's private /dev/shm \(a tmpfs of 50% of this "
+                                          r"host's memory\) has 1000 bytes .* use more machines"):
+        shm.check_shm("netns", True, part, [[0]])
+    shm.check_shm("ssh", False, part, [[0]])  # a remote host's /dev/shm is not read from here
+    monkeypatch.setattr(shm, "private_shm_bytes", lambda: 1 << 30)
+    shm.check_shm("netns", True, part, [[0]])
