@@ -660,3 +660,58 @@ def test_a_private_dev_shm_too_small_for_its_part_is_refused(part, monkeypatch):
     shm.check_shm("ssh", False, part, [[0]])  # a remote host's /dev/shm is not read from here
     monkeypatch.setattr(shm, "private_shm_bytes", lambda: 1 << 30)
     shm.check_shm("netns", True, part, [[0]])
+
+
+def test_a_damaged_cached_partition_is_partitioned_again(tmp_path, monkeypatch, capsys):
+    import dgl
+
+    import degnn.data
+    from degnn.config import DatasetConfig, PartitionConfig
+    from degnn.partition_cache import ensure_partitions
+
+    g = dgl.rand_graph(300, 2000)
+    g.ndata["feat"] = torch.randn(300, 16)
+    calls = []
+    monkeypatch.setattr(degnn.data, "load_dataset", lambda cfg: calls.append(1) or
+                        type("Data", (), {"graph": g})())
+    ds = DatasetConfig(name="toy", kind="synthetic")
+    pc = PartitionConfig(method="random", num_parts=2, root=str(tmp_path / "parts"))
+    j = ensure_partitions(ds, pc)
+    sums = json.loads((j.parent / "checksums.json").read_text())
+    assert {"toy.json", "part0/graph.dgl", "part0/node_feat.dgl", "part1/edge_feat.dgl"} <= set(sums)
+    feats = j.parent / "part0" / "node_feat.dgl"
+    whole = feats.read_bytes()
+    assert sums["part0/node_feat.dgl"]["bytes"] == len(whole)
+    os.truncate(feats, len(whole) // 2)  # a disk that filled up, a copy cut short
+    assert ensure_partitions(ds, pc) == j and len(calls) == 2
+    assert feats.read_bytes() == whole  # the same seed writes the same part
+    err = capsys.readouterr().err
+    assert (f"degnn: the cached partition {j.parent} is damaged (part0/node_feat.dgl is "
+            f"{len(whole) // 2} bytes, {len(whole)} when written): partitioning it again") in err
+    flipped = bytearray(whole)
+    flipped[-1] ^= 0xFF  # same size: only the full hash sees it
+    feats.write_bytes(bytes(flipped))
+    assert ensure_partitions(ds, pc) == j and len(calls) == 2
+    pc.verify = True
+    assert ensure_partitions(ds, pc) == j and len(calls) == 3 and feats.read_bytes() == whole
+    assert "part0/node_feat.dgl has another sha256 than when written" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["graph.dgl", "node_feat.dgl"])
+def test_a_truncated_foreign_part_file_is_named_by_its_path(tmp_path, monkeypatch, name):
+    """What a graph server runs (DGL's load_partition, with degnn's readers installed) on a
+    partition made by DGL (partition.path=) whose file was cut short."""
+    from dgl.distributed import partition
+
+    from degnn.runtime import mapped_feats
+
+    monkeypatch.setattr(partition, "load_tensors", partition.load_tensors)  # put back after
+    monkeypatch.setattr(partition, "load_graphs", partition.load_graphs)
+    mapped_feats.install()
+    j = fake_entry.make_partition(str(tmp_path / "p"), 1)
+    f = tmp_path / "p" / "part0" / name
+    os.truncate(f, f.stat().st_size - 100)
+    with pytest.raises(mapped_feats.PartitionFileError) as e:
+        partition.load_partition(j, 0, load_feats=True)
+    assert str(e.value).startswith(f"the partition file {f} is ")
+    assert "\n" not in str(e.value) and "copy it again or partition again" in str(e.value)
