@@ -715,3 +715,19 @@ def test_a_truncated_foreign_part_file_is_named_by_its_path(tmp_path, monkeypatc
         partition.load_partition(j, 0, load_feats=True)
     assert str(e.value).startswith(f"the partition file {f} is ")
     assert "\n" not in str(e.value) and "copy it again or partition again" in str(e.value)
+
+
+def test_a_sweep_runs_every_job_and_ends_with_their_table(tmp_path):
+    """Job 0 is refused before it starts, jobs 1 and 2 run (dry runs: nothing is started)."""
+    sweep = tmp_path / "sweep"
+    r = _cli(tmp_path, "-m", "model.hidden=0,16,8", "cluster.dry_run=true", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "degnn.launch: error: model.hidden=0: must be an integer >= 1" in r.stderr
+    assert "Traceback" not in r.stderr and r.stdout.count("ip_config ") == 2  # both plans printed
+    s = json.loads((sweep / "0" / "summary.json").read_text())
+    assert s["status"] == "failed" and s["error"].startswith("model.hidden=0: must be an integer")
+    table = r.stdout[r.stdout.index(f"sweep of 3 jobs in {sweep}: 2 ok, 1 failed"):].splitlines()[1:]
+    assert [l.split()[:3] for l in table] == [["job", "overrides", "status"],
+                                             ["0", "model.hidden=0", "failed"],
+                                             ["1", "model.hidden=16", "ok"], ["2", "model.hidden=8", "ok"]]
+    assert "must be an integer >= 1" in table[1]
