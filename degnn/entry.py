@@ -51,6 +51,9 @@ def compose_config(overrides: List[str]):
         # hydra.searchpath finds config groups outside conf/ (a pipeline of one's own)
         cfg = compose("config", overrides=[o for o in overrides
                                            if not o.startswith("hydra.") or o.startswith("hydra.searchpath=")])
+    from degnn.runtime.run_config import resumed_config
+
+    cfg = resumed_config(cfg, overrides)  # resume=DIR: that run's config under these overrides
     OmegaConf.resolve(cfg)
     from degnn.pipelines import typed_config
 

@@ -731,3 +731,63 @@ def test_a_sweep_runs_every_job_and_ends_with_their_table(tmp_path):
                                              ["0", "model.hidden=0", "failed"],
                                              ["1", "model.hidden=16", "ok"], ["2", "model.hidden=8", "ok"]]
     assert "must be an integer >= 1" in table[1]
+
+
+@pytest.fixture
+def lamp_run(tmp_path):
+    """The directory of a non-default run (lamp, gat, 3 layers, 2 netns machines) with its
+    config.yaml and a checkpoint, as rank 0 leaves them."""
+    from omegaconf import OmegaConf
+
+    from degnn.entry import compose_config
+    from degnn.runtime.checkpoint import config_identity, save_atomic
+
+    run = tmp_path / "old"
+    run.mkdir()
+    cfg = compose_config(["pipeline=lamp", "model=gat", "model.layers=3", "model.fanouts=[5,5,5]",
+                 "model.hidden=64", "train.lr=0.01", "cluster=netns", "cluster.machines=2",
+                 f"dataset.root={tmp_path / 'data'}", f"partition.root={tmp_path / 'parts'}"])
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    save_atomic(run / "checkpoint.pt", {"model": {}, "optimizer": {}, "state": {"epoch": 1},
+                                        "rng": [{}, {}], "config": config_identity(cfg)})
+    return run
+
+
+def test_resume_composes_the_runs_own_config_under_the_overrides_given(lamp_run, tmp_path):
+    from degnn.entry import compose_config
+    from degnn.runtime.run_config import resume_group_overrides
+
+    # what README shows: resume=DIR alone (a dry run: checked and planned, nothing started)
+    r = _cli(tmp_path, f"resume={lamp_run}", "train.epochs=7", "cluster.dry_run=true")
+    assert r.returncode == 0 and "error" not in r.stderr, r.stderr[-3000:]
+    assert r.stdout.count("[trainer]") == 2 and " model=gat pipeline=lamp " in r.stdout, r.stdout[-3000:]
+    # every process composes the same config from the overrides it is given
+    given = [f"resume={lamp_run}", "train.epochs=7", "train.lr=0.02"]
+    cfg = compose_config(given + resume_group_overrides(lamp_run, given))
+    assert (cfg.pipeline.name, cfg.model.name, cfg.model.layers, cfg.model.hidden) == ("lamp", "gat", 3, 64)
+    assert list(cfg.model.fanouts) == [5, 5, 5] and cfg.cluster.kind == "netns" and cfg.cluster.machines == 2
+    assert cfg.train.epochs == 7 and cfg.train.lr == 0.02  # the overrides given win
+    assert cfg.dataset.root == str(tmp_path / "data")  # the run's own
+
+
+def test_resume_refuses_an_override_that_changes_the_model_data_or_trainers(lamp_run, tmp_path):
+    from degnn.entry import compose_config
+    from degnn.runtime.run_config import resume_conflict, resume_group_overrides
+
+    def line(override, was):
+        return (f"resume={lamp_run}: that run was trained with {was} ({lamp_run}/config.yaml), this "
+                f"command gives {override}; resume without {override.split('=')[0]}= (the run's own "
+                f"value is used), or start a new run (without resume=)")
+
+    r = _cli(tmp_path, f"resume={lamp_run}", "model.hidden=128", "cluster.dry_run=true")
+    assert _one_error_line(r) == "degnn.launch: error: " + line("model.hidden=128", "model.hidden=64")
+    for override, was in [("dataset=wordnet", "dataset=synthetic-tiny"), ("pipeline=tma", "pipeline=lamp"),
+                          ("cluster.machines=3", "cluster.machines=2"),
+                          ("model.fanouts=[5,5]", "model.fanouts=[5,5,5]")]:
+        given = [f"resume={lamp_run}", override]
+        given += resume_group_overrides(lamp_run, given)  # as the launcher adds them
+        assert resume_conflict(compose_config(given), given) == line(override, was)
+    for fine in ("train.epochs=9", "cluster=local", "dataset.root=/elsewhere", "model.hidden=64"):
+        given = [f"resume={lamp_run}", fine]
+        given += resume_group_overrides(lamp_run, given)
+        assert resume_conflict(compose_config(given), given) is None

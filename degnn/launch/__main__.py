@@ -28,6 +28,8 @@ try:  # torch and DGL take seconds to import: Ctrl-C meanwhile is one line, not 
     from degnn.config import CONF_DIR, register_configs
     from degnn.models import check_model_config
     from degnn.pipelines import check_task, check_trainers, pipeline_class
+    from degnn.runtime.checkpoint import CONFIG_FILE
+    from degnn.runtime.run_config import resume_conflict, resume_group_overrides, resumed_config
 
     from .plan import LaunchError
     from .supervisor import STOP_SIGNALS
@@ -131,6 +133,15 @@ def _job(cfg: DictConfig) -> int:
     except LaunchError as e:
         _fail(str(e))
     task = list(hc.overrides.task)
+    if cfg.get("resume"):  # the run's own config, under the overrides given (run_config.py)
+        why = resume_conflict(cfg, task)
+        if why:
+            _fail(why)
+        try:
+            cfg = resumed_config(cfg, task)
+        except OmegaConfBaseException as e:
+            _fail(f"resume={cfg.resume}: its {CONFIG_FILE} does not fit this degnn version "
+                  f"({_one_line(e)}); resume with the version that wrote it, or start a new run")
     # config folders on Hydra's search path (a pipeline of one's own) reach every process too
     task += [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath=")]
     try:
@@ -289,6 +300,9 @@ def cli() -> None:
                     rundir.take(os.path.expanduser(value), key, _given(sys.argv[1:], "resume"))
         except LaunchError as e:
             _fail(str(e))
+        resume = _given(sys.argv[1:], "resume")
+        if resume and "," not in resume:  # resume=DIR: the run's own config groups (run_config.py)
+            sys.argv += resume_group_overrides(resume, [a for a in sys.argv[1:] if "=" in a])
         # name the job (Hydra would call it "__main__": <run dir>/__main__.log)
         if not any(a.startswith("hydra.job.name=") for a in sys.argv[1:]):
             sys.argv.append("hydra.job.name=launch")

@@ -10,6 +10,7 @@ summarised by the launcher (degnn/launch/launcher.py, `write_failure`) from the 
 """
 from __future__ import annotations
 
+import os
 import random
 import time
 from pathlib import Path
@@ -143,7 +144,10 @@ class RunRecord:
 
     def write_config(self) -> None:
         if self.writes:
-            (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg))
+            # renamed into place: a process of a later resume=DIR reads it whole
+            tmp = self.run_dir / ".config.yaml.tmp"
+            tmp.write_text(OmegaConf.to_yaml(self.cfg))
+            os.replace(tmp, self.run_dir / "config.yaml")
 
     # --- progress --------------------------------------------------------------------------------
     def curve(self, record: dict) -> None:
