@@ -103,7 +103,8 @@ def main(cfg: DictConfig) -> int:
             raise
         line = config_error_line(e)
         print(f"degnn.launch: error: {line}", file=sys.stderr, flush=True)
-        _write_refusal(cfg, hc.runtime.output_dir, line)
+        if rundir.holds(hc.runtime.output_dir):
+            _write_refusal(cfg, hc.runtime.output_dir, line)
         return 2
     finally:
         rundir.release_all()  # a sweep's next job has a directory of its own
