@@ -1,7 +1,9 @@
-"""Faults at the edges (docs/design.md, "Fault policy"): an unusable run directory, a full disk,
-SIGHUP, Ctrl-C pressed again while stopping, a launcher killed while writing a partition, the
-failed process's real error as the last line, a kernel OOM kill, bad keys and inputs refused
-before partitioning, the random partitioner's own stream, a diverged TMA run."""
+"""Faults at the edges (docs/design.md, "Fault policy"): an unusable run directory, a full disk
+(also mid-checkpoint), SIGHUP, Ctrl-C pressed again while stopping, a launcher killed while
+writing a partition, the failed process's real error as the last line, a kernel OOM kill, bad keys
+and inputs refused before partitioning, the random partitioner's own stream, a diverged TMA run, a
+/dev/shm too small for the parts, damaged partitions (cached, or made elsewhere), a sweep whose
+job fails, resume= with the run's own config."""
 from __future__ import annotations
 
 import json
