@@ -144,6 +144,9 @@ class PartitionConfig:
     # distributed partitioning pipeline): trained as it is, never rebuilt; `dataset=` still names
     # the task and its evaluation
     path: Optional[str] = None
+    # check every cached part file's sha256 against the one written (a run always checks their
+    # sizes); a damaged cached partition is partitioned again
+    verify: bool = False
 
 
 @dataclass

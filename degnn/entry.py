@@ -28,6 +28,7 @@ from degnn.runtime.checkpoint import CheckpointError
 from degnn.runtime.compat import strip_local_rank
 from degnn.runtime.console import TqdmLogHandler
 from degnn.runtime.heartbeat import Heartbeat, heartbeat_path, write_peak
+from degnn.runtime.mapped_feats import PartitionFileError
 from degnn.runtime.store import ProcessGroupError
 
 log = logging.getLogger("degnn")
@@ -50,6 +51,9 @@ def compose_config(overrides: List[str]):
         # hydra.searchpath finds config groups outside conf/ (a pipeline of one's own)
         cfg = compose("config", overrides=[o for o in overrides
                                            if not o.startswith("hydra.") or o.startswith("hydra.searchpath=")])
+    from degnn.runtime.run_config import resumed_config
+
+    cfg = resumed_config(cfg, overrides)  # resume=DIR: that run's config under these overrides
     OmegaConf.resolve(cfg)
     from degnn.pipelines import typed_config
 
@@ -222,7 +226,7 @@ def main(argv: List[str] | None = None) -> int:
     except EntryError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (CheckpointError, ProcessGroupError, PartitionDataError) as e:
+    except (CheckpointError, ProcessGroupError, PartitionDataError, PartitionFileError) as e:
         # after DGL's initialisation: leave without its exit barrier (see below), one line
         print(f"error: {e}", file=sys.stderr, flush=True)
         os._exit(2)

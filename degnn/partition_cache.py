@@ -3,7 +3,9 @@
 ``cache_dir`` names the folder of a (dataset config, partition config) pair; ``ensure_partitions``
 reuses a complete folder written with the same settings or loads the dataset and partitions it
 (partitioners.partition_graph's folder protocol: under a file lock, renamed into place whole);
-``planned_partitions`` answers from the folder alone, for a dry run. The partitioners themselves
+``planned_partitions`` answers from the folder alone, for a dry run. A cached folder whose files
+do not match its checksums (partitioners.folder.damage: sizes, and with partition.verify=true
+every file's sha256) is partitioned again, with one line saying why. The partitioners themselves
 take a graph and know nothing of datasets or configs; this module is where the two meet.
 """
 from __future__ import annotations
@@ -11,12 +13,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 from partitioners.assign import RANDOM_STREAM
-from partitioners.folder import folder_lock, is_complete, read_partition_meta, validate, write_partition
+from partitioners.folder import damage, folder_lock, is_complete, read_partition_meta, validate, write_partition
 from partitioners.writer import LINK_SPLIT
 
 def _cfg_dict(cfg) -> Dict[str, Any]:
@@ -73,13 +76,23 @@ def partition_settings(dataset_cfg, partition_cfg) -> Dict[str, Any]:
     return s
 
 
-def _cached(out: Path, settings: Dict[str, Any]) -> Optional[Path]:
+def _cached(out: Path, settings: Dict[str, Any], verify: bool = False, say: bool = False) -> Optional[Path]:
     if not is_complete(out):
         return None
     meta = read_partition_meta(out)
     if meta is None or meta.get("degnn", {}).get("settings") != settings:
         return None
+    why = damage(out, full=verify)
+    if why is not None:  # a server would die on it (a truncated file: SIGSEGV), run after run
+        if say:
+            print(f"degnn: the cached partition {out} is damaged ({why}): partitioning it again",
+                  file=sys.stderr, flush=True)
+        return None
     return Path(meta["_path"])
+
+
+def _verify(partition_cfg) -> bool:
+    return bool(getattr(partition_cfg, "verify", False))
 
 
 def planned_partitions(dataset_cfg, partition_cfg):
@@ -87,7 +100,7 @@ def planned_partitions(dataset_cfg, partition_cfg):
     only the cache folder: what a dry run prints without loading the dataset."""
     validate(str(partition_cfg.method), partition_cfg.num_parts, None, str(dataset_cfg.name))
     out = cache_dir(dataset_cfg, partition_cfg)
-    hit = _cached(out, partition_settings(dataset_cfg, partition_cfg))
+    hit = _cached(out, partition_settings(dataset_cfg, partition_cfg), _verify(partition_cfg), say=True)
     return (hit, True) if hit is not None else (out / f"{dataset_cfg.name}.json", False)
 
 
@@ -96,17 +109,18 @@ def ensure_partitions(dataset_cfg, partition_cfg) -> Path:
 
     Cached at ``cache_dir(dataset_cfg, partition_cfg)``; a complete folder written with the same
     settings (dataset config, method, K, seed, num_supernodes, balance_edges) is reused untouched;
-    a missing, incomplete or differently-configured one is (re)written under a file lock.
+    a missing, incomplete, damaged or differently-configured one is (re)written under a file lock.
     """
     method = str(partition_cfg.method)
     validate(method, partition_cfg.num_parts, None, str(dataset_cfg.name))
     out = cache_dir(dataset_cfg, partition_cfg)
     settings = partition_settings(dataset_cfg, partition_cfg)
-    hit = _cached(out, settings)
+    verify = _verify(partition_cfg)
+    hit = _cached(out, settings, verify, say=True)
     if hit is not None:
         return hit
     with folder_lock(out):
-        hit = _cached(out, settings)  # another process may have written it meanwhile
+        hit = _cached(out, settings, verify)  # another process may have written it meanwhile
         if hit is not None:
             return hit
         from degnn.data import CHUNKED_KINDS, load_dataset

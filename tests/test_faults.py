@@ -1,7 +1,9 @@
-"""Faults at the edges (docs/design.md, "Fault policy"): an unusable run directory, a full disk,
-SIGHUP, Ctrl-C pressed again while stopping, a launcher killed while writing a partition, the
-failed process's real error as the last line, a kernel OOM kill, bad keys and inputs refused
-before partitioning, the random partitioner's own stream, a diverged TMA run."""
+"""Faults at the edges (docs/design.md, "Fault policy"): an unusable run directory, a full disk
+(also mid-checkpoint), SIGHUP, Ctrl-C pressed again while stopping, a launcher killed while
+writing a partition, the failed process's real error as the last line, a kernel OOM kill, bad keys
+and inputs refused before partitioning, the random partitioner's own stream, a diverged TMA run, a
+/dev/shm too small for the parts, damaged partitions (cached, or made elsewhere), a sweep whose
+job fails, resume= with the run's own config."""
 from __future__ import annotations
 
 import json
@@ -606,3 +608,188 @@ def test_a_diverged_tma_run_fails_naming_the_round(tmp_path):
     curve = [json.loads(l) for l in (run_dir / "curve.jsonl").read_text().splitlines()]
     assert curve[-1]["round"] == 1 and curve[-1]["diverged"] is True
     assert not fake_entry.processes_mentioning(str(run_dir))
+
+
+def test_a_full_disk_mid_checkpoint_keeps_the_old_checkpoint_and_says_so(tiny_disk):
+    from degnn.runtime.checkpoint import CheckpointError, load_checkpoint, save_atomic
+
+    path = tiny_disk / "checkpoint.pt"
+    old = {"model": {"w": torch.arange(100.0)}, "optimizer": {}, "state": {"epoch": 1}, "rng": []}
+    save_atomic(path, old)  # fits the 64 KiB disk
+    new = {"model": {"w": torch.ones(40_000)}, "optimizer": {}, "state": {"epoch": 2}, "rng": []}
+    with pytest.raises(CheckpointError) as e:
+        save_atomic(path, new)  # 160 KB: does not
+    line = str(e.value)
+    assert "\n" not in line and "basic_ios" not in line
+    assert line.startswith(f"{path} not written: the disk is full (it needs 16") and " bytes, " in line
+    assert "the previous checkpoint.pt is kept" in line
+    assert os.listdir(tiny_disk) == ["checkpoint.pt"]  # no temporary file left
+    assert load_checkpoint(path)["state"]["epoch"] == 1 and torch.equal(
+        load_checkpoint(path)["model"]["w"], old["model"]["w"])
+    (tiny_disk / "checkpoint.pt").unlink()
+    with pytest.raises(CheckpointError, match="no checkpoint.pt was written"):
+        save_atomic(path, new)
+    assert os.listdir(tiny_disk) == []
+
+
+def test_a_dev_shm_too_small_for_the_parts_is_refused_before_start(part, tmp_path):
+    """The launcher in a private mount namespace whose /dev/shm is a 4 KiB tmpfs (Docker gives 64 MB)."""
+    if os.geteuid() != 0:
+        pytest.skip("a private mount namespace with a small /dev/shm needs root")
+    run_dir = tmp_path / "run"
+    runner = [PY, "-c", fake_entry.RUNNER, str(run_dir), part, "cluster=local",
+              "cluster.isolate=false", f"cluster.port={free_port()}"]
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                        'mount -t tmpfs -o size=4k tmpfs /dev/shm && exec "$@"', "sh", *runner],
+                       cwd=REPO, capture_output=True, text=True, timeout=budget(120))
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
+    sizes = int(1.05 * sum(os.path.getsize(os.path.join(os.path.dirname(part), "part0", f))
+                           for f in ("graph.dgl", "node_feat.dgl", "edge_feat.dgl")))
+    assert lines[0].startswith("degnn.launch: error: /dev/shm has 4096 bytes (0.0 MiB) free, but the "
+                               f"graph server of machine 0 puts {sizes} bytes"), lines[0]
+    assert "docker run --shm-size=" in lines[0] and "use more machines" in lines[0]
+    assert not run_dir.exists() or not os.listdir(run_dir)  # nothing started, nothing written
+
+
+def test_a_private_dev_shm_too_small_for_its_part_is_refused(part, monkeypatch):
+    from degnn.launch import shm
+
+    monkeypatch.setattr(shm, "private_shm_bytes", lambda: 1000)  # half of a 2000-byte host
+    with pytest.raises(LaunchError, match=r"^machine 0's private /dev/shm \(a tmpfs of 50% of this "
+                                          r"host's memory\) has 1000 bytes .* use more machines"):
+        shm.check_shm("netns", True, part, [[0]])
+    shm.check_shm("ssh", False, part, [[0]])  # a remote host's /dev/shm is not read from here
+    monkeypatch.setattr(shm, "private_shm_bytes", lambda: 1 << 30)
+    shm.check_shm("netns", True, part, [[0]])
+
+
+def test_a_damaged_cached_partition_is_partitioned_again(tmp_path, monkeypatch, capsys):
+    import dgl
+
+    import degnn.data
+    from degnn.config import DatasetConfig, PartitionConfig
+    from degnn.partition_cache import ensure_partitions
+
+    g = dgl.rand_graph(300, 2000)
+    g.ndata["feat"] = torch.randn(300, 16)
+    calls = []
+    monkeypatch.setattr(degnn.data, "load_dataset", lambda cfg: calls.append(1) or
+                        type("Data", (), {"graph": g})())
+    ds = DatasetConfig(name="toy", kind="synthetic")
+    pc = PartitionConfig(method="random", num_parts=2, root=str(tmp_path / "parts"))
+    j = ensure_partitions(ds, pc)
+    sums = json.loads((j.parent / "checksums.json").read_text())
+    assert {"toy.json", "part0/graph.dgl", "part0/node_feat.dgl", "part1/edge_feat.dgl"} <= set(sums)
+    feats = j.parent / "part0" / "node_feat.dgl"
+    whole = feats.read_bytes()
+    assert sums["part0/node_feat.dgl"]["bytes"] == len(whole)
+    os.truncate(feats, len(whole) // 2)  # a disk that filled up, a copy cut short
+    assert ensure_partitions(ds, pc) == j and len(calls) == 2
+    assert feats.read_bytes() == whole  # the same seed writes the same part
+    err = capsys.readouterr().err
+    assert (f"degnn: the cached partition {j.parent} is damaged (part0/node_feat.dgl is "
+            f"{len(whole) // 2} bytes, {len(whole)} when written): partitioning it again") in err
+    flipped = bytearray(whole)
+    flipped[-1] ^= 0xFF  # same size: only the full hash sees it
+    feats.write_bytes(bytes(flipped))
+    assert ensure_partitions(ds, pc) == j and len(calls) == 2
+    pc.verify = True
+    assert ensure_partitions(ds, pc) == j and len(calls) == 3 and feats.read_bytes() == whole
+    assert "part0/node_feat.dgl has another sha256 than when written" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["graph.dgl", "node_feat.dgl"])
+def test_a_truncated_foreign_part_file_is_named_by_its_path(tmp_path, monkeypatch, name):
+    """What a graph server runs (DGL's load_partition, with degnn's readers installed) on a
+    partition made by DGL (partition.path=) whose file was cut short."""
+    from dgl.distributed import partition
+
+    from degnn.runtime import mapped_feats
+
+    monkeypatch.setattr(partition, "load_tensors", partition.load_tensors)  # put back after
+    monkeypatch.setattr(partition, "load_graphs", partition.load_graphs)
+    mapped_feats.install()
+    j = fake_entry.make_partition(str(tmp_path / "p"), 1)
+    f = tmp_path / "p" / "part0" / name
+    os.truncate(f, f.stat().st_size - 100)
+    with pytest.raises(mapped_feats.PartitionFileError) as e:
+        partition.load_partition(j, 0, load_feats=True)
+    assert str(e.value).startswith(f"the partition file {f} is ")
+    assert "\n" not in str(e.value) and "copy it again or partition again" in str(e.value)
+
+
+def test_a_sweep_runs_every_job_and_ends_with_their_table(tmp_path):
+    """Job 0 is refused before it starts, jobs 1 and 2 run (dry runs: nothing is started)."""
+    sweep = tmp_path / "sweep"
+    r = _cli(tmp_path, "-m", "model.hidden=0,16,8", "cluster.dry_run=true", f"hydra.sweep.dir={sweep}")
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "degnn.launch: error: model.hidden=0: must be an integer >= 1" in r.stderr
+    assert "Traceback" not in r.stderr and r.stdout.count("ip_config ") == 2  # both plans printed
+    s = json.loads((sweep / "0" / "summary.json").read_text())
+    assert s["status"] == "failed" and s["error"].startswith("model.hidden=0: must be an integer")
+    table = r.stdout[r.stdout.index(f"sweep of 3 jobs in {sweep}: 2 ok, 1 failed"):].splitlines()[1:]
+    assert [l.split()[:3] for l in table] == [["job", "overrides", "status"],
+                                             ["0", "model.hidden=0", "failed"],
+                                             ["1", "model.hidden=16", "ok"], ["2", "model.hidden=8", "ok"]]
+    assert "must be an integer >= 1" in table[1]
+
+
+@pytest.fixture
+def lamp_run(tmp_path):
+    """The directory of a non-default run (lamp, gat, 3 layers, 2 netns machines) with its
+    config.yaml and a checkpoint, as rank 0 leaves them."""
+    from omegaconf import OmegaConf
+
+    from degnn.entry import compose_config
+    from degnn.runtime.checkpoint import config_identity, save_atomic
+
+    run = tmp_path / "old"
+    run.mkdir()
+    cfg = compose_config(["pipeline=lamp", "model=gat", "model.layers=3", "model.fanouts=[5,5,5]",
+                 "model.hidden=64", "train.lr=0.01", "cluster=netns", "cluster.machines=2",
+                 f"dataset.root={tmp_path / 'data'}", f"partition.root={tmp_path / 'parts'}"])
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    save_atomic(run / "checkpoint.pt", {"model": {}, "optimizer": {}, "state": {"epoch": 1},
+                                        "rng": [{}, {}], "config": config_identity(cfg)})
+    return run
+
+
+def test_resume_composes_the_runs_own_config_under_the_overrides_given(lamp_run, tmp_path):
+    from degnn.entry import compose_config
+    from degnn.runtime.run_config import resume_group_overrides
+
+    # what README shows: resume=DIR alone (a dry run: checked and planned, nothing started)
+    r = _cli(tmp_path, f"resume={lamp_run}", "train.epochs=7", "cluster.dry_run=true")
+    assert r.returncode == 0 and "error" not in r.stderr, r.stderr[-3000:]
+    assert r.stdout.count("[trainer]") == 2 and " model=gat pipeline=lamp " in r.stdout, r.stdout[-3000:]
+    # every process composes the same config from the overrides it is given
+    given = [f"resume={lamp_run}", "train.epochs=7", "train.lr=0.02"]
+    cfg = compose_config(given + resume_group_overrides(lamp_run, given))
+    assert (cfg.pipeline.name, cfg.model.name, cfg.model.layers, cfg.model.hidden) == ("lamp", "gat", 3, 64)
+    assert list(cfg.model.fanouts) == [5, 5, 5] and cfg.cluster.kind == "netns" and cfg.cluster.machines == 2
+    assert cfg.train.epochs == 7 and cfg.train.lr == 0.02  # the overrides given win
+    assert cfg.dataset.root == str(tmp_path / "data")  # the run's own
+
+
+def test_resume_refuses_an_override_that_changes_the_model_data_or_trainers(lamp_run, tmp_path):
+    from degnn.entry import compose_config
+    from degnn.runtime.run_config import resume_conflict, resume_group_overrides
+
+    def line(override, was):
+        return (f"resume={lamp_run}: that run was trained with {was} ({lamp_run}/config.yaml), this "
+                f"command gives {override}; resume without {override.split('=')[0]}= (the run's own "
+                f"value is used), or start a new run (without resume=)")
+
+    r = _cli(tmp_path, f"resume={lamp_run}", "model.hidden=128", "cluster.dry_run=true")
+    assert _one_error_line(r) == "degnn.launch: error: " + line("model.hidden=128", "model.hidden=64")
+    for override, was in [("dataset=wordnet", "dataset=synthetic-tiny"), ("pipeline=tma", "pipeline=lamp"),
+                          ("cluster.machines=3", "cluster.machines=2"),
+                          ("model.fanouts=[5,5]", "model.fanouts=[5,5,5]")]:
+        given = [f"resume={lamp_run}", override]
+        given += resume_group_overrides(lamp_run, given)  # as the launcher adds them
+        assert resume_conflict(compose_config(given), given) == line(override, was)
+    for fine in ("train.epochs=9", "cluster=local", "dataset.root=/elsewhere", "model.hidden=64"):
+        given = [f"resume={lamp_run}", fine]
+        given += resume_group_overrides(lamp_run, given)
+        assert resume_conflict(compose_config(given), given) is None

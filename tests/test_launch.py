@@ -326,15 +326,24 @@ def test_local_trainer_fault_stops_everything(parts, tmp_path):
 # ---- the Hydra entry: python -m degnn.launch ----------------------------------------------------
 def test_cli_multirun_runs_one_cluster_per_job(tmp_path):
     sweep = tmp_path / "sweep"
+    # job 0's trainer fails once started: the sweep still runs job 1, then says which failed
     r = subprocess.run([PY, "-m", "degnn.launch", "-m", "train.seed=0,1", "cluster=local",
                         f"cluster.port={free_port()}", "dataset=synthetic-tiny",
                         "partition=random", f"hydra.sweep.dir={sweep}"], cwd=REPO,
-                       env={**os.environ, "DEGNN_ENTRY": "tests.fake_entry"},
+                       env={**os.environ, "DEGNN_ENTRY": "tests.fake_entry", "FAKE_FAIL_RANK": "0",
+                            "FAKE_FAIL_AFTER": "0", "FAKE_FAIL_IN": f"{sweep}/0"},
                        capture_output=True, text=True, timeout=budget(110))
     for job in ("0", "1"):
         fake_entry.remove_shm_markers(str(sweep / job))
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("result: pipeline=fake") == 2
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert r.stdout.count("result: pipeline=fake") == 1  # job 1's
+    statuses = {job: json.loads((sweep / job / "summary.json").read_text())["status"] for job in "01"}
+    assert statuses == {"0": "failed", "1": "ok"}
+    table = r.stdout[r.stdout.index(f"sweep of 2 jobs in {sweep}: 1 ok, 1 failed"):].splitlines()
+    assert table[1].split() == ["job", "overrides", "status", "error"]
+    assert table[2].startswith("0    train.seed=0  failed  trainer rank 0 (machine 0) pid"), table
+    assert table[3].split() == ["1", "train.seed=1", "ok"] and len(table) == 4, table
+    assert [j["status"] for j in json.loads((sweep / "sweep.json").read_text())] == ["failed", "ok"]
     for job, seed in (("0", "0"), ("1", "1")):
         rank0 = json.loads((sweep / job / "fake_rank0.json").read_text())
         assert rank0["env"]["DGL_IP_CONFIG"] == str(sweep / job / "ip_config.txt")
@@ -344,7 +353,8 @@ def test_cli_multirun_runs_one_cluster_per_job(tmp_path):
         assert "'-m'" not in argv and "'--multirun'" not in argv  # processes never sweep
     # private by default (cluster.share_run_dir=false): logs, configs, the summary, every folder
     modes = {str(p.relative_to(sweep)): stat.S_IMODE(p.stat().st_mode) for p in [sweep, *sweep.rglob("*")]}
-    assert {"0/summary.json", "0/rank0.log", "0/.hydra/config.yaml", "1/launch.log", "multirun.yaml"} <= set(modes)
+    assert {"0/summary.json", "0/rank0.log", "0/.hydra/config.yaml", "1/launch.log", "multirun.yaml",
+            "sweep.json"} <= set(modes)
     wrong = {p: oct(m) for p, m in modes.items() if m != (0o700 if (sweep / p).is_dir() else 0o600)}
     assert not wrong, wrong
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from degnn.runtime.compat import strip_local_rank
 from timing import budget
@@ -144,10 +145,14 @@ def test_killed_run_resumes_from_its_last_checkpoint(tmp_path):
     done = torch.load(run1 / "checkpoint.pt", weights_only=False)["state"]["epoch"]
     assert 1 <= done < 500
     target = done + 2
-    second = subprocess.run([sys.executable, *common, f"cluster.port={free_port()}", f"train.epochs={target}",
-                             f"resume={run1}", f"hydra.run.dir={run2}"], cwd=REPO, capture_output=True,
-                            text=True, timeout=budget(240))
+    # resume=DIR without the first run's overrides: it runs with that run's own config.yaml
+    second = subprocess.run([sys.executable, "-m", "degnn.launch", f"cluster.port={free_port()}",
+                             f"train.epochs={target}", f"resume={run1}", f"hydra.run.dir={run2}"],
+                            cwd=REPO, capture_output=True, text=True, timeout=budget(240))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    resumed = OmegaConf.load(run2 / "config.yaml")
+    assert (resumed.model.hidden, list(resumed.model.fanouts), resumed.train.batch_size,
+            resumed.train.lr, resumed.train.epochs) == (16, [5, 5], 128, 0.01, target)
     c1, c2 = read_curve(run1), read_curve(run2)
     # every epoch exactly once; the checkpointed ones carried over unchanged
     assert [r["epoch"] for r in c2] == list(range(1, target + 1))

@@ -1,7 +1,8 @@
 """What a finished run directory gives inference: its config, its best model, its partitions.
 
 `run_config(run_dir, overrides)`: the run's config.yaml (what rank 0 trained with, resolved) laid
-over this degnn version's schema, composed with the run's own config choices (.hydra/hydra.yaml);
+over this degnn version's schema, composed with the run's own config choices (.hydra/hydra.yaml,
+degnn/runtime/run_config.py);
 a key this version does not know, or a value of the wrong type, means another version wrote it.
 The command and every process of the inference cluster call it alike, so they agree.
 Each failure is one line (InferError) naming the file and the fix.
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import List, Sequence
 
 from degnn.runtime.checkpoint import BEST_MODEL, CONFIG_FILE
+from degnn.runtime.run_config import GROUPS, saved_choices
 
 # what `python -m degnn.infer RUN_DIR KEY=VALUE` may change: where and how the cluster runs and
 # where the data lies now, never what was trained
@@ -19,7 +21,6 @@ OVERRIDABLE = ("cluster.", "train.eval_batch_size", "train.device", "dataset.roo
                "partition.path")
 # new (partition) node id -> original id, beside the partition JSON (partitioners/writer.py)
 ORIG_NIDS = "orig_nids.pt"
-GROUPS = ("dataset", "model", "pipeline", "partition", "cluster")
 
 
 class InferError(RuntimeError):
@@ -41,20 +42,9 @@ def check_overrides(overrides: Sequence[str]) -> None:
 
 
 def _choices(run_dir: Path, saved) -> tuple:
-    """(the run's config group options, its hydra.searchpath overrides)."""
-    from omegaconf import OmegaConf
-
-    names = {"dataset": saved.dataset.name, "model": saved.model.name, "pipeline": saved.pipeline.name,
-             "partition": saved.partition.method, "cluster": saved.cluster.kind}
-    searchpath: List[str] = []
-    hydra_file = run_dir / ".hydra" / "hydra.yaml"
-    if hydra_file.is_file():  # started by degnn.launch (a run of DGL's launch.py has none)
-        h = OmegaConf.load(hydra_file).hydra
-        chosen = h.runtime.choices
-        # the partition method is the trained one (a pipeline's variant may have picked it)
-        names.update({g: chosen[g] for g in GROUPS if g != "partition" and chosen.get(g)})
-        searchpath = [o for o in h.overrides.hydra if str(o).startswith("hydra.searchpath=")]
-    return [f"{g}={names[g]}" for g in GROUPS], searchpath
+    """(the run's config group options as overrides, its hydra.searchpath overrides)."""
+    choices, searchpath = saved_choices(run_dir, saved)
+    return [f"{g}={choices[g]}" for g in GROUPS], searchpath
 
 
 def run_config(run_dir, overrides: Sequence[str] = ()):

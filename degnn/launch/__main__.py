@@ -2,8 +2,10 @@
 
 Each Hydra job: build or find the partitions (`degnn.partition_cache.ensure_partitions`), then run one
 cluster in the job's own output directory (`cluster.dry_run=true`: print the plan, with the
-partitions it would build, and build nothing). `-m` sweeps run one cluster after another; the
-processes themselves always run a single job (`hydra.run.dir=<that directory>`), never a sweep.
+partitions it would build, and build nothing). `-m` sweeps run one cluster after another, every
+job even where one fails (sweep.py: the job returns its exit status, and a Hydra callback prints
+the table of the jobs at the end); the processes themselves always run a single job
+(`hydra.run.dir=<that directory>`), never a sweep.
 `--cleanup` (anywhere on the command line) runs cleanup.py instead.
 
 Test-only hook: DEGNN_ENTRY=<module> replaces the per-process entry `degnn.train`
@@ -19,12 +21,15 @@ try:  # torch and DGL take seconds to import: Ctrl-C meanwhile is one line, not 
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from hydra.errors import HydraException
+    from hydra.types import RunMode
     from omegaconf import DictConfig
     from omegaconf.errors import OmegaConfBaseException
 
     from degnn.config import CONF_DIR, register_configs
     from degnn.models import check_model_config
     from degnn.pipelines import check_task, check_trainers, pipeline_class
+    from degnn.runtime.checkpoint import CONFIG_FILE
+    from degnn.runtime.run_config import resume_conflict, resume_group_overrides, resumed_config
 
     from .plan import LaunchError
     from .supervisor import STOP_SIGNALS
@@ -39,13 +44,21 @@ except KeyboardInterrupt:
 register_configs()
 
 
+class JobFailed(SystemExit):
+    """`_fail`'s exit: the process's, or in a sweep the job's (main returns its code)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(code)
+        self.message = message
+
+
 def _fail(msg: str, code: int = 2) -> None:
     # one line, no traceback: bad input must read like a message, not a crash
     if code > 128:  # an interrupt: the clean-up is done, a signal more while leaving changes nothing
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     rundir.remove_made()
     print(f"degnn.launch: error: {msg}", file=sys.stderr, flush=True)
-    sys.exit(code)
+    raise JobFailed(code, msg)
 
 
 def _one_line(e: BaseException) -> str:
@@ -71,17 +84,43 @@ def _print_partition_report(part_config) -> None:
 
 
 @hydra.main(config_path=CONF_DIR, config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> int:
+    """One job. A single run leaves with its exit status; a sweep's job returns it, so that the
+    sweep goes on to its next job (sweep.py), unless it was interrupted (128 + the signal)."""
+    hc = HydraConfig.get()
+    sweep = hc.mode == RunMode.MULTIRUN
     try:
-        _job(cfg)
+        rc = _job(cfg)
+    except JobFailed as e:
+        if not sweep or e.code > 128:
+            raise
+        if rundir.holds(hc.runtime.output_dir):  # its own directory: its status goes there
+            _write_refusal(cfg, hc.runtime.output_dir, e.message)
+        return e.code
     except (HydraException, OmegaConfBaseException) as e:
-        e._degnn_job = True  # the job's own error, not a bad command line: Hydra reports it
-        raise
+        if not sweep:
+            e._degnn_job = True  # the job's own error, not a bad command line: Hydra reports it
+            raise
+        line = config_error_line(e)
+        print(f"degnn.launch: error: {line}", file=sys.stderr, flush=True)
+        if rundir.holds(hc.runtime.output_dir):
+            _write_refusal(cfg, hc.runtime.output_dir, line)
+        return 2
     finally:
         rundir.release_all()  # a sweep's next job has a directory of its own
+    if rc and (not sweep or rc > 128):
+        sys.exit(rc)
+    return rc
 
 
-def _job(cfg: DictConfig) -> None:
+def _write_refusal(cfg, run_dir: str, message: str) -> None:
+    """summary.json (status failed, the error) of a sweep's job refused before it started."""
+    from .launcher import write_failure
+
+    write_failure(run_dir, cfg, message)
+
+
+def _job(cfg: DictConfig) -> int:
     from degnn.runtime.cluster import count_ip_config
 
     from .launcher import machines_of
@@ -95,6 +134,15 @@ def _job(cfg: DictConfig) -> None:
     except LaunchError as e:
         _fail(str(e))
     task = list(hc.overrides.task)
+    if cfg.get("resume"):  # the run's own config, under the overrides given (run_config.py)
+        why = resume_conflict(cfg, task)
+        if why:
+            _fail(why)
+        try:
+            cfg = resumed_config(cfg, task)
+        except OmegaConfBaseException as e:
+            _fail(f"resume={cfg.resume}: its {CONFIG_FILE} does not fit this degnn version "
+                  f"({_one_line(e)}); resume with the version that wrote it, or start a new run")
     # config folders on Hydra's search path (a pipeline of one's own) reach every process too
     task += [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath=")]
     try:
@@ -123,8 +171,7 @@ def _job(cfg: DictConfig) -> None:
         _fail(str(e))
     if cfg.partition.path:
         print(f"partitions: {part_config} (partition.path: used as it is)", flush=True)
-        _launch(cfg, run_dir, str(part_config), task)
-        return
+        return _launch(cfg, run_dir, str(part_config), task)
     try:
         from degnn.partition_cache import ensure_partitions, planned_partitions
     except ImportError as e:
@@ -136,8 +183,7 @@ def _job(cfg: DictConfig) -> None:
             _fail(_one_line(e))
         if built:
             _print_partition_report(part_config)
-        _launch(cfg, run_dir, str(part_config), task)
-        return
+        return _launch(cfg, run_dir, str(part_config), task)
     # Ctrl-C, SIGTERM or SIGHUP during the build: remembered here as well, because a library
     # that catches every exception (ogb, DGL) may swallow the KeyboardInterrupt and carry on;
     # only the first one raises, so the partitioner's own clean-up is not cut short
@@ -168,10 +214,11 @@ def _job(cfg: DictConfig) -> None:
 
     trim_heap()
     _print_partition_report(part_config)
-    _launch(cfg, run_dir, str(part_config), task)
+    return _launch(cfg, run_dir, str(part_config), task)
 
 
-def _launch(cfg, run_dir: str, part_config: str, task: list) -> None:
+def _launch(cfg, run_dir: str, part_config: str, task: list) -> int:
+    """The cluster's exit status (0: every trainer finished; its summary.json says how)."""
     from .launcher import launch
 
     rundir.forget_made()  # from here on the run directory is the run's: its summary says what happened
@@ -184,8 +231,7 @@ def _launch(cfg, run_dir: str, part_config: str, task: list) -> None:
         signum = getattr(e, "signum", signal.SIGINT)
         _fail(f"interrupted by {signal.Signals(signum).name} before the processes started; every "
               f"namespace of this run was removed, no summary.json written", 128 + signum)
-    if rc != 0:
-        sys.exit(rc)
+    return rc
 
 
 # Hydra's flags that print and run no job (nor create its directory)
@@ -255,6 +301,9 @@ def cli() -> None:
                     rundir.take(os.path.expanduser(value), key, _given(sys.argv[1:], "resume"))
         except LaunchError as e:
             _fail(str(e))
+        resume = _given(sys.argv[1:], "resume")
+        if resume and "," not in resume:  # resume=DIR: the run's own config groups (run_config.py)
+            sys.argv += resume_group_overrides(resume, [a for a in sys.argv[1:] if "=" in a])
         # name the job (Hydra would call it "__main__": <run dir>/__main__.log)
         if not any(a.startswith("hydra.job.name=") for a in sys.argv[1:]):
             sys.argv.append("hydra.job.name=launch")

@@ -26,6 +26,7 @@ from degnn.proc import die_with_parent, pid_alive
 
 from .plan import LaunchError
 from .registry import HOLDER_ENV, REGISTRY_PREFIX, SHM, registered, registry_path
+from .shm import PRIVATE_SHM_SIZE
 
 
 def can_isolate() -> bool:
@@ -56,7 +57,7 @@ def start_holder(argv_prefix: List[str], script: str, what: str) -> subprocess.P
 class PrivateMachine:
     """`with PrivateMachine() as m:` one local machine in private net/mount/IPC namespaces."""
 
-    def __init__(self, shm_size: str = "50%"):
+    def __init__(self, shm_size: str = PRIVATE_SHM_SIZE):
         self.shm_size = shm_size
         self.holder: Optional[subprocess.Popen] = None
 

@@ -28,6 +28,7 @@ from .isolate import PrivateMachine, SharedShmLock, can_isolate
 from .preflight import check_config
 from .faults import disk_note
 from .hang import STOPPED_LIMIT_S
+from .shm import check_shm
 from .supervisor import Signals, Supervisor
 from . import slurm, ssh
 
@@ -231,6 +232,9 @@ def launch(cfg, run_dir: str, part_config: str, task_overrides: Sequence[str],
             print(f"partitions: {part_config} (not built yet: a real run builds it first)", file=out,
                   flush=True)
         return 0
+    # a /dev/shm too small for a part kills its server with a bare SIGBUS: refused here instead
+    check_shm(cl.kind, cl.kind == "netns" or (cl.kind == "local" and isolated(cl)), part_config,
+              [[m] for m in range(len(plan.machines))])
     if cl.kind == "local" and not isolated(cl):  # a private machine has ports of its own
         check_ports_free(plan.machines[0][0],
                          [plan.machines[0][1] + j for j in range(cl.servers_per_machine)])

@@ -28,6 +28,7 @@ from typing import List, Optional, Tuple
 from degnn.proc import die_with_parent, pid_alive
 
 from .registry import HOLDER_ENV
+from .shm import PRIVATE_SHM_SIZE
 from .plan import LaunchError
 
 PREFIX = "degnn"
@@ -107,7 +108,7 @@ class NetnsCluster:
     """`with NetnsCluster(k, subnet, bandwidth) as c:` builds k machines, removes them on exit."""
 
     def __init__(self, machines: int, subnet: str = "10.77.0", bandwidth: Optional[str] = None,
-                 shm_size: str = "50%"):
+                 shm_size: str = PRIVATE_SHM_SIZE):
         if not 1 <= machines <= 99:
             raise LaunchError(f"cluster.machines={machines}: netns supports 1..99 machines")
         if bandwidth:

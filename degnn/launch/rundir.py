@@ -113,6 +113,11 @@ def take(run_dir: str, key: str, resume) -> None:
         note_made(lock, lock, True)  # a run refused before it starts leaves none behind
 
 
+def holds(run_dir: str) -> bool:
+    """Whether this launcher has taken (locked) `run_dir`."""
+    return os.path.abspath(run_dir) in _LOCKS
+
+
 def release_all() -> None:
     for fd in _LOCKS.values():
         os.close(fd)

@@ -24,7 +24,8 @@ from degnn.metrics import append_curve, breakdown_per_batch, read_curve, write_c
 from degnn.metrics.summary import NOT_PER_BATCH, RunSummary, to_dict
 from degnn.metrics.tracking import Tracker
 from degnn.runtime.heartbeat import peak_rss_kb
-from degnn.runtime.checkpoint import BEST_MODEL, CHECKPOINT, CheckpointError, check_resume, config_identity
+from degnn.runtime.checkpoint import (BEST_MODEL, CHECKPOINT, CheckpointError, check_resume, config_identity,
+                                     save_atomic)
 
 
 def rng_state() -> dict:
@@ -45,12 +46,6 @@ def set_rng_state(state: dict) -> None:
                          n["gauss"]))
     py = state["python"]
     random.setstate((py["version"], tuple(int(w) for w in py["state"].tolist()), py["gauss"]))
-
-
-def save_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
 
 
 def param_digest(model: torch.nn.Module) -> str:
@@ -149,7 +144,10 @@ class RunRecord:
 
     def write_config(self) -> None:
         if self.writes:
-            (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg))
+            # renamed into place: a process of a later resume=DIR reads it whole
+            tmp = self.run_dir / ".config.yaml.tmp"
+            tmp.write_text(OmegaConf.to_yaml(self.cfg))
+            os.replace(tmp, self.run_dir / "config.yaml")
 
     # --- progress --------------------------------------------------------------------------------
     def curve(self, record: dict) -> None:

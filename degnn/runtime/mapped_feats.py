@@ -9,7 +9,9 @@ file in from the page cache, which the kernel can reclaim, so only the shared-me
 
 The file layout read here is DGL's tensor-dict format (degnn/tensor_dict.py lays it out).
 Any file that does not parse exactly (another DGL version, a type this does not know, a size that
-does not add up) is read by DGL's own `load_tensors`, as before.
+does not add up) is read by DGL's own `load_tensors`, as before; but a file shorter than its own
+headers say (truncated: DGL's reader would read past its end, a server died of SIGSEGV on one) is
+a PartitionFileError naming its path, and so is a `graph.dgl` DGL cannot load (`install`).
 """
 from __future__ import annotations
 
@@ -28,8 +30,18 @@ class _Unparsed(Exception):
     pass
 
 
+class PartitionFileError(RuntimeError):
+    """A part file that is truncated or damaged; the message is one line naming its path."""
+
+
+def _refuse(path: str, what: str) -> PartitionFileError:
+    return PartitionFileError(f"the partition file {path} is {what}; copy it again or partition "
+                              f"again (a partition degnn caches: partition.verify=true checks it)")
+
+
 def _layout(path: str):
-    """[(name, dtype, shape, offset)] of a DGL tensor-dict file; _Unparsed where it is not one."""
+    """[(name, dtype, shape, offset)] of a DGL tensor-dict file; _Unparsed where it is not one,
+    PartitionFileError where its arrays end past the end of the file."""
     size = os.path.getsize(path)
     out = []
     with open(path, "rb") as f:
@@ -58,6 +70,9 @@ def _layout(path: str):
                 raise _Unparsed(f"array {name}: size does not match its shape")
             out.append((name, dtype, tuple(shape), f.tell()))
             f.seek(nbytes, os.SEEK_CUR)
+            if f.tell() > size:
+                raise _refuse(path, f"truncated ({size} bytes; its array {name} ends at byte "
+                                    f"{f.tell()})")
         if f.tell() != size:
             raise _Unparsed("trailing bytes")
     return out
@@ -84,12 +99,24 @@ def load_tensors_mapped(path: str) -> Optional[Dict[str, "object"]]:
 
 def install() -> None:
     """Make this process's DGL partition loading (the graph server's `load_partition_feats`) read
-    tensor files through `load_tensors_mapped`, falling back to DGL's reader."""
+    tensor files through `load_tensors_mapped`, falling back to DGL's reader; and its load of a
+    part's graph (`load_partition`) name the file where DGL cannot load it."""
     from dgl.distributed import partition
 
     dgl_load = partition.load_tensors
     if getattr(dgl_load, "degnn_mapped", False):
         return
+    dgl_load_graphs = partition.load_graphs
+
+    def load_graphs(filename, idx_list=None):
+        try:
+            return dgl_load_graphs(filename, idx_list)
+        except Exception as e:  # noqa: BLE001 - DGL's C++ error: several lines of backtrace
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise _refuse(filename, f"not a whole DGL graph file (truncated or damaged: DGL says "
+                                    f"{first[:120]})") from None
+
+    partition.load_graphs = load_graphs
 
     def load_tensors(filename, return_dgl_ndarray=False):
         mapped = None if return_dgl_ndarray else load_tensors_mapped(filename)

@@ -29,7 +29,8 @@ from typing import Callable, Dict, Optional
 
 import torch
 
-from degnn.pipelines.record import RunRecord, rng_state, save_atomic, set_rng_state
+from degnn.pipelines.record import RunRecord, rng_state, set_rng_state
+from degnn.runtime.checkpoint import save_atomic
 
 from .contract import Replaced, RoundPipeline
 from .service import (Beat, CoordinatorClient, EvalDone, EvalOpen, EvalPoll, Hello, PollMean, PollRelease,
