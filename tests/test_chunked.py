@@ -15,7 +15,7 @@ from degnn.chunked import open_chunked
 from degnn.data.synthetic_stream import generate_chunked, knobs
 
 REPO = Path(__file__).resolve().parents[1]
-TIMES = ("wall_time_s", "assign_time_s", "write_time_s", "load_time_s", "peak_rss_mb", "budget_mb", "streamed")
+TIMES = ("wall_time_s", "assign_time_s", "write_time_s", "checksum_time_s", "load_time_s", "peak_rss_mb", "budget_mb", "streamed")
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_streamed_partition_equals_in_memory(small, tmp_path):
     import torch
 
     from degnn.data import load_dataset
-    from partitioners.folder import is_complete, partition_graph
+    from partitioners.folder import CHECKSUMS, damage, is_complete, partition_graph
     from partitioners.stream_random import partition_chunked
 
     cfg = {"name": "cg", "kind": "chunked", "path": str(small), "to_bidirected": False}
@@ -73,6 +73,8 @@ def test_streamed_partition_equals_in_memory(small, tmp_path):
     # a 4 MiB budget: the edge pass reads its chunks in several blocks
     partition_chunked(small, 4, st, "cg", seed=3, budget_bytes=4 << 20)
     assert is_complete(st)
+    # the streamed folder carries checksums too, and they match its files
+    assert (st / CHECKSUMS).is_file() and damage(st, full=True) is None
     sm, ss = (json.loads((p / "stats.json").read_text()) for p in (mem, st))
     # same assignment, halos, node and edge counts per part, label uniformity, graph digest
     assert {k: v for k, v in ss.items() if k not in TIMES} == {k: v for k, v in sm.items() if k not in TIMES}
