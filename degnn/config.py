@@ -68,6 +68,9 @@ class ModelConfig:
     fanouts: List[int] = field(default_factory=lambda: [10, 25])
     dropout: float = 0.5
     heads: int = 4  # gat only
+    # what runs message passing: dgl (dgl.nn), torch (plain-torch layers, any device), auto (torch
+    # on a GPU that this DGL build cannot use, else dgl); same parameters either way
+    backend: str = "auto"
 
 
 @dataclass
