@@ -134,13 +134,18 @@ def check_model_config(model_cfg) -> None:
         )
     # the model's own checks (kind, layers, heads), on a throw-away instance with 1-wide in/out
     GNN(model_cfg.name, 1, model_cfg.hidden, 1, model_cfg.layers, model_cfg.dropout, model_cfg.heads,
-        model_cfg.backend)
+        backend_of(model_cfg))
+
+
+def backend_of(model_cfg) -> str:
+    """model.backend (auto in a hand-made model config without it)."""
+    return getattr(model_cfg, "backend", "auto")
 
 
 def build_model(model_cfg, in_dim: int, out_dim: int) -> GNN:
     check_model_config(model_cfg)
     return GNN(model_cfg.name, in_dim, model_cfg.hidden, out_dim, model_cfg.layers,
-               model_cfg.dropout, model_cfg.heads, model_cfg.backend)
+               model_cfg.dropout, model_cfg.heads, backend_of(model_cfg))
 
 
 class MLPDecoder(nn.Module):

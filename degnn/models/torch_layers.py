@@ -109,7 +109,7 @@ def mean_over_in_edges(adj: Adjacency, x: torch.Tensor) -> torch.Tensor:
 def _check(adj: Adjacency, x: torch.Tensor) -> None:
     if adj.device != x.device:
         raise RuntimeError(f"the hop's structure is on {adj.device}, its inputs on {x.device}: move the batch "
-                           f"with degnn.runtime.device.to_device")
+                           f"with degnn.runtime.device.DeviceMover")
     if x.shape[0] != adj.num_src:
         raise ValueError(f"{x.shape[0]} input rows for a hop of {adj.num_src} source nodes")
 
