@@ -113,8 +113,8 @@ class TrainConfig:
     # time-to-accuracy runs; the benches set it from a converged baseline (bench=target). Like
     # patience, read by the epoch loop (distdgl, lamp); pipeline=tma ends at its time budget
     target_val: Optional[float] = None
-    # where the trainers' models and batches live: cpu (tested), or cuda[:N] (needs CUDA builds
-    # of PyTorch and DGL; untested)
+    # where the trainers' models and batches live: cpu (tested), or cuda[:N] (needs a CUDA build
+    # of PyTorch; with DGL's CPU build model.backend=auto runs the torch layers; untested on a GPU)
     device: str = "cpu"
 
 
