@@ -15,9 +15,10 @@ the same batches:
             degnn's own model (degnn.models.GNN: dgl.nn.SAGEConv) training on those blocks on this
             host's CPU, one thread: the compute phase as the projection calibrates it
     python benchmarks/compute_speed.py time FILE --device cpu|cuda [--threads 1] --out JSON
-            the same GraphSAGE in plain PyTorch (this file imports neither DGL nor degnn, so it runs
-            where only torch is installed): mean aggregation as a sparse CSR product, projecting
-            before aggregating where that is narrower, as dgl.nn.SAGEConv does
+            the same GraphSAGE on degnn's plain-torch backend (degnn.models.torch_layers,
+            model.backend=torch; this mode imports no DGL, so it runs from a checkout where only
+            torch is installed): mean aggregation as a sparse CSR product, projecting before
+            aggregating where that is narrower, as dgl.nn.SAGEConv does
     python -m benchmarks.compute_speed record FOLDER... [--records DIR]
             the measurements (*.json, one folder per repeat) as one record each in
             benchmarks/records/compute.jsonl, which
@@ -29,9 +30,9 @@ read, and reports the median step and the min-max over steps. Features are rando
 (never zeros: they can run faster than real data) and labels random classes; the arithmetic of a
 step does not depend on their values beyond that.
 
-The plain-torch stand-in is run on this host's CPU too, beside DGL's model: how far their step
-times differ there says how much of a GPU's measured factor may belong to the stand-in rather
-than to the device.
+The torch backend is run on this host's CPU too, beside DGL's model: how far their step times
+differ there says how much of a GPU's measured factor may belong to the backend rather than to
+the device.
 """
 from __future__ import annotations
 
@@ -42,7 +43,6 @@ import re
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import List, Optional
 
@@ -50,62 +50,23 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
+if not __package__:  # run as a file (python benchmarks/compute_speed.py): the checkout's degnn
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from degnn.models.torch_layers import Adjacency, SAGELayer  # noqa: E402 (imports no DGL)
+
 FORMAT = 1  # the saved batches' layout
 
 
-# --- the plain-torch GraphSAGE ---------------------------------------------------------------
-class _MeanAgg(torch.autograd.Function):
-    """Mean over in-neighbours: A @ x with A the [dst, src] CSR of 1/in-degree, and A^T @ g back."""
-
-    @staticmethod
-    def forward(ctx, a, a_t, x):
-        ctx.a_t = a_t
-        return torch.sparse.mm(a, x)
-
-    @staticmethod
-    def backward(ctx, g):
-        return None, None, torch.sparse.mm(ctx.a_t, g.contiguous())
-
-
-def mean_csr(src: torch.Tensor, dst: torch.Tensor, num_src: int, num_dst: int, device):
-    """The block's mean-aggregation matrix [dst, src] and its transpose, as CSR on `device`."""
-    warnings.filterwarnings("ignore", message=".*([Ss]parse CSR tensor support is in beta|Sparse invariant checks).*")
-    src, dst = src.long(), dst.long()
-    deg = torch.bincount(dst, minlength=num_dst).clamp(min=1).float()
-    vals = 1.0 / deg[dst]
-    a = torch.sparse_coo_tensor(torch.stack([dst, src]), vals, (num_dst, num_src), check_invariants=True).coalesce()
-    a_t = torch.sparse_coo_tensor(torch.stack([src, dst]), vals, (num_src, num_dst), check_invariants=True).coalesce()
-    return a.to_sparse_csr().to(device), a_t.to_sparse_csr().to(device)
-
-
-class SageLayer(nn.Module):
-    """fc_self(h_dst) + fc_neigh(mean of h_src), projecting first when out < in (the aggregation
-    then moves the narrower rows): dgl.nn.SAGEConv's mean aggregator, with its parameter names (a
-    degnn `sage` model's state dict loads into PlainSage as it is)."""
-
-    def __init__(self, in_dim: int, out_dim: int):
-        super().__init__()
-        self.fc_self = nn.Linear(in_dim, out_dim)
-        self.fc_neigh = nn.Linear(in_dim, out_dim, bias=False)
-        self.project_first = in_dim > out_dim
-
-    def forward(self, adj, x: torch.Tensor) -> torch.Tensor:
-        a, a_t = adj
-        num_dst = a.shape[0]
-        if self.project_first:
-            neigh = _MeanAgg.apply(a, a_t, self.fc_neigh(x))
-        else:
-            neigh = self.fc_neigh(_MeanAgg.apply(a, a_t, x))
-        return self.fc_self(x[:num_dst]) + neigh
-
-
+# --- degnn's torch backend, as a GraphSAGE stack -------------------------------------------------
 class PlainSage(nn.Module):
-    """degnn's `sage` model (ReLU and dropout between layers, none on the input) in plain torch."""
+    """degnn's `sage` model (ReLU and dropout between layers, none on the input) on degnn's
+    plain-torch layers (degnn.models.torch_layers, model.backend=torch); a degnn `sage` model's
+    state dict loads into it as it is."""
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int, layers: int, dropout: float):
         super().__init__()
         dims = [in_dim] + [hidden] * (layers - 1) + [out_dim]
-        self.layers = nn.ModuleList(SageLayer(dims[i], dims[i + 1]) for i in range(layers))
+        self.layers = nn.ModuleList(SAGELayer(dims[i], dims[i + 1]) for i in range(layers))
         self.dropout = dropout
 
     def forward(self, adjs, x):
@@ -115,6 +76,16 @@ class PlainSage(nn.Module):
             if i < len(self.layers) - 1:
                 h = F.dropout(F.relu(h), self.dropout, self.training)
         return h
+
+
+def adjacencies(batch: dict, device) -> List[Adjacency]:
+    """A saved batch's hops on `device`, their mean matrices built (as DGL's blocks hold their
+    formats after the first step)."""
+    adjs = [Adjacency(s, d, ns, nd).to(device)
+            for s, d, ns, nd in zip(batch["src"], batch["dst"], batch["num_src"], batch["num_dst"])]
+    for adj in adjs:
+        adj.mean_matrices()
+    return adjs
 
 
 # --- timing ----------------------------------------------------------------------------------
@@ -190,7 +161,7 @@ def load_batches(path: str) -> dict:
 
 
 def time_plain(path: str, device_name: str, threads: int, rounds: int, seed: int) -> dict:
-    """The plain-torch stand-in's training step on `device_name`."""
+    """The torch backend's (degnn.models.torch_layers) training step on `device_name`."""
     meta = load_batches(path)
     torch.set_num_threads(threads)
     device = torch.device(device_name)
@@ -200,8 +171,7 @@ def time_plain(path: str, device_name: str, threads: int, rounds: int, seed: int
     gen = torch.Generator().manual_seed(seed)
     inputs = []
     for b in meta["batches"]:
-        adjs = [mean_csr(s, d, ns, nd, device) for s, d, ns, nd in zip(b["src"], b["dst"], b["num_src"], b["num_dst"])]
-        inputs.append((adjs, *random_inputs(meta, b, device, gen)))
+        inputs.append((adjacencies(b, device), *random_inputs(meta, b, device, gen)))
     model = PlainSage(meta["in_dim"], meta["hidden"], meta["num_classes"], len(meta["fanouts"]), meta["dropout"]).to(device)
     error = check_against_float64(model, meta, inputs[0], device)
     out = result("torch", device, threads, meta, train_steps(model, inputs, device, rounds))
@@ -219,13 +189,7 @@ def check_against_float64(model: "PlainSage", meta: dict, inputs: tuple, device:
     ref_model = PlainSage(meta["in_dim"], meta["hidden"], meta["num_classes"], len(meta["fanouts"]), 0.0).double()
     ref_model.load_state_dict({k: v.double().cpu() for k, v in model.state_dict().items()})
     ref_model.eval()
-    cpu = torch.device("cpu")
-    ref_adjs = []
-    batch = meta["batches"][0]
-    for s, d, ns, nd in zip(batch["src"], batch["dst"], batch["num_src"], batch["num_dst"]):
-        a, a_t = mean_csr(s, d, ns, nd, cpu)
-        ref_adjs.append((a.to(torch.float64), a_t.to(torch.float64)))
-    ref = ref_model(ref_adjs, x.double().cpu())
+    ref = ref_model(adjacencies(meta["batches"][0], "cpu"), x.double().cpu())
     model.train()
     error = float((out - ref).norm() / ref.norm())
     if not error <= 1e-3:  # NaN fails too

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU side of benchmarks.compute_speed (docs/benchmarks.md, "Compute speed of a GPU"): on a
-# machine with a CUDA GPU and PyTorch (DGL and degnn's dependencies not needed), time the
-# plain-torch GraphSAGE step over the batch files made by `python -m benchmarks.compute_speed
+# machine with a CUDA GPU, PyTorch and this checkout (DGL and degnn's other dependencies not
+# needed), time degnn's torch backend's GraphSAGE step over the batch files made by `python -m benchmarks.compute_speed
 # sample`: on the GPU in every repeat, on one core of that machine in the first.
 # Usage: benchmarks/compute_speed.sh BATCH_DIR OUT_DIR [REPEATS]  (writes OUT_DIR/r<k>/*.json)
 set -euo pipefail

@@ -68,6 +68,9 @@ class ModelConfig:
     fanouts: List[int] = field(default_factory=lambda: [10, 25])
     dropout: float = 0.5
     heads: int = 4  # gat only
+    # what runs message passing: dgl (dgl.nn), torch (plain-torch layers, any device), auto (torch
+    # on a GPU that this DGL build cannot use, else dgl); same parameters either way
+    backend: str = "auto"
 
 
 @dataclass
@@ -110,8 +113,8 @@ class TrainConfig:
     # time-to-accuracy runs; the benches set it from a converged baseline (bench=target). Like
     # patience, read by the epoch loop (distdgl, lamp); pipeline=tma ends at its time budget
     target_val: Optional[float] = None
-    # where the trainers' models and batches live: cpu (tested), or cuda[:N] (needs CUDA builds
-    # of PyTorch and DGL; untested)
+    # where the trainers' models and batches live: cpu (tested), or cuda[:N] (needs a CUDA build
+    # of PyTorch; with DGL's CPU build model.backend=auto runs the torch layers; untested on a GPU)
     device: str = "cpu"
 
 

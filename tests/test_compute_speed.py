@@ -1,8 +1,10 @@
-"""benchmarks.compute_speed: the plain-torch stand-in computes degnn's own SAGE model, runs where
-neither DGL nor degnn can be imported, and its measurements become records and RESULTS.md's table."""
+"""benchmarks.compute_speed: its `time` mode runs degnn's torch backend (degnn.models.torch_layers)
+as degnn's own SAGE model computes, where DGL cannot be imported, and its measurements become
+records and RESULTS.md's table."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -45,8 +47,8 @@ def test_sampled_blocks_are_a_trainers_batches(batches):
         assert b["num_dst"][0] == b["num_src"][1]
 
 
-def test_stand_in_computes_degnns_sage_model(batches):
-    """Same weights, same blocks: the plain-torch layers give dgl.nn.SAGEConv's outputs, and its
+def test_torch_backend_computes_degnns_sage_model(batches):
+    """Same weights, same blocks: the plain-torch layers give dgl.nn.SAGEConv's outputs, and their
     gradients flow through the sparse mean (the backward uses the transposed matrix). The hidden
     layer is wider than the input, so the first layer aggregates before it projects and the
     second projects first: both of SAGEConv's orders."""
@@ -56,13 +58,13 @@ def test_stand_in_computes_degnns_sage_model(batches):
     assert meta["num_classes"] < hidden
     ref = GNN("sage", meta["in_dim"], hidden, meta["num_classes"], 2, dropout=0.0)
     plain = cs.PlainSage(meta["in_dim"], hidden, meta["num_classes"], 2, dropout=0.0)
-    assert [layer.project_first for layer in plain.layers] == [False, True]
+    assert [lay.fc_neigh.in_features > lay.fc_neigh.out_features for lay in plain.layers] == [False, True]
     plain.load_state_dict(ref.state_dict())  # same parameter names
     b = meta["batches"][0]
     x = torch.randn(b["num_src"][0], meta["in_dim"], requires_grad=True)
     blocks = [dgl.create_block((s.long(), d.long()), num_src_nodes=ns, num_dst_nodes=nd)
               for s, d, ns, nd in zip(b["src"], b["dst"], b["num_src"], b["num_dst"])]
-    adjs = [cs.mean_csr(s, d, ns, nd, torch.device("cpu")) for s, d, ns, nd in zip(b["src"], b["dst"], b["num_src"], b["num_dst"])]
+    adjs = cs.adjacencies(b, "cpu")
     want = ref(blocks, x)
     got = plain(adjs, x)
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-4)
@@ -71,15 +73,18 @@ def test_stand_in_computes_degnns_sage_model(batches):
     assert torch.allclose(gx_got, gx_want, atol=1e-4, rtol=1e-3)
 
 
-def test_time_runs_without_dgl_or_degnn_and_records_render(batches, tmp_path):
+def test_time_runs_without_dgl_and_records_render(batches, tmp_path):
     path, _ = batches
     rep = tmp_path / "r0"
     rep.mkdir()
-    # the GPU machine's side: this file alone, with dgl and degnn unimportable
-    code = ("import runpy, sys; sys.modules['dgl'] = None; sys.modules['degnn'] = None; "
+    # the GPU machine's side: the file run from a checkout, with dgl unimportable (and the tests'
+    # PYTHONPATH gone: the file finds its checkout's degnn itself)
+    code = ("import runpy, sys; sys.modules['dgl'] = None; "
             f"sys.argv = ['compute_speed.py', 'time', {str(path)!r}, '--rounds', '1', '--out', {str(rep / 'torch.json')!r}]; "
             f"runpy.run_path({str(REPO / 'benchmarks/compute_speed.py')!r}, run_name='__main__')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                         env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     plain = json.loads((rep / "torch.json").read_text())
     assert plain["implementation"] == "torch" and plain["device"] == "cpu" and plain["steps"] == 2

@@ -105,6 +105,7 @@ def test_unusable_run_directories_are_one_line(tmp_path, readonly_dir):
     (["model.dropout=1"], "model.dropout=1.0: must be in [0, 1)"),
     (["model.dropout=-0.1"], "model.dropout=-0.1: must be in [0, 1)"),
     (["model.fanouts=[10,-3]"], "got -3"),
+    (["model.backend=cuda"], "model.backend=cuda: choose dgl (DGL's layers), torch"),
     (["train.batch_size=0"], "train.batch_size=0: must be an integer >= 1"),
     (["train.lr=0"], "train.lr=0.0: must be a finite number > 0"),
     (["train.lr=-0.1"], "train.lr=-0.1: must be a finite number > 0"),

@@ -847,8 +847,10 @@ def test_two_machine_lamp_run_with_the_trainer_engine_and_pushed_gradients(roots
     the LAMP roots, the halo sync and the pushed gradient rows (grad=push), whose parameter
     gradients join the owners' all-reduce; what degnn counted is what the wire carried; the
     trainers' top blocks are fed their peers' answers. Every row here is encoded by the second
-    codec (pipeline.codec=absmax: answers, histories, halo sync, gradient rows), and it learns."""
+    codec (pipeline.codec=absmax: answers, histories, halo sync, gradient rows), and it learns with
+    the plain-torch layers (model.backend=torch: the trainers' step and the owners' replicas)."""
     p = launch(tmp_path, "pipeline=lamp", "pipeline.engine=trainer", "pipeline.grad=push", "pipeline.codec=absmax",
+               "model.backend=torch",
                "cluster.entry=tests.lamp_answers_probe", "model.layers=3",
                "model.fanouts=[10,10,5]", "train.batch_size=100", "train.epochs=1", "pipeline.halo_sync_steps=3", *roots)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -1013,13 +1015,16 @@ def test_two_machine_distdgl_halo_cache_pulls_only_the_other_remote_rows(roots, 
     setup (setup_bytes), so a batch pulls only its other remote rows: the features bytes are those
     rows' alone, fewer than the remote rows plain distdgl pulls on the same batches (all remote
     input rows: cached + pulled; two thirds were cached on this graph). It learns (0.36 measured
-    in 2 epochs) and the wire agrees with the count. About 40 s alone."""
-    p = launch(tmp_path, "pipeline=distdgl", "pipeline.halo_cache=true", "model.layers=3", "model.fanouts=[10,10,5]",
+    in 2 epochs) with the plain-torch layers (model.backend=torch; on the CPU the step copies
+    nothing to a device) and the wire agrees with the count. About 40 s alone."""
+    p = launch(tmp_path, "pipeline=distdgl", "pipeline.halo_cache=true", "model.backend=torch",
+               "model.layers=3", "model.fanouts=[10,10,5]",
                "train.batch_size=100", "train.epochs=2", *roots)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "ok" and s["halo_cache"] is True and s["params_agree"] is True, s
     assert 2 / s["num_classes"] <= s["test"] <= 1.0, s
+    assert s["device_copies_per_batch"] == {"tensors": 0.0, "bytes": 0.0}, s
     row = 8 + 4 * 128  # an id out and a 128-float feature row back (synthetic-tiny)
     cached, pulled = s["halo_cache_hit_rows_per_batch"], s["remote_feature_rows_per_batch"]
     assert s["app_bytes_by_category"]["features"] == round(pulled * s["batches"]) * row, s

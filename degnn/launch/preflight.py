@@ -62,6 +62,12 @@ def check_config(cfg) -> None:
         device_of(cfg.train.device)
     except DeviceError as e:
         raise LaunchError(str(e)) from None
+    from degnn.models.backend import choose_backend
+
+    try:
+        choose_backend(cfg.model.backend, cfg.train.device)  # a known backend that can run there
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
     _int_at_least(cfg, "train.patience", 0, " (0 = no early stop)")
     _positive(cfg, "train.min_delta", allow_zero=True)
     _positive(cfg, "train.lr")

@@ -62,6 +62,9 @@ class RunSummary:
     net_bytes_total: Optional[int] = None
     # seconds per batch by phase, mean over trainers (degnn.metrics.PhaseTimer)
     time_per_batch_s: Optional[Dict[str, float]] = None
+    # host-to-device copies of a training step, per batch over all trainers: {"tensors", "bytes"}
+    # (degnn.runtime.device.DeviceMover; 0 on the CPU)
+    device_copies_per_batch: Optional[Dict[str, float]] = None
     peak_rss_mb_trainer: Optional[float] = None
     # set-up, before the first training batch (slowest trainer; bytes of all; largest peak RSS)
     setup_s: Optional[float] = None

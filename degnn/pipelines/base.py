@@ -26,6 +26,7 @@ import torch
 
 from degnn.config import PipelineConfig
 from degnn.metrics import PhaseTimer, WireCounter
+from degnn.runtime.device import DeviceMover
 
 
 class Pipeline:
@@ -71,6 +72,8 @@ class Pipeline:
     def __init__(self, ctx, task):
         self.ctx, self.cfg, self.log, self.task = ctx, ctx.cfg, ctx.log, task
         self.device = ctx.device
+        # what a step computes with goes to the device through this, once per batch
+        self.mover = DeviceMover.of(self.cfg.model.backend, self.device)
         self.model: Optional[torch.nn.Module] = None  # the unwrapped model (checkpointed)
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.batches = 0  # training steps taken by this trainer

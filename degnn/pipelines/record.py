@@ -200,7 +200,7 @@ class RunRecord:
         return {"bytes": self.ctx.counter.as_dict(), "batches": p.batches, "wire": p.wire_train_bytes,
                 "has_wire": p.wire.path is not None,
                 "timing": {"phases": dict(p.timer.total), **p.timed},
-                "rss_mb": peak_rss_kb() / 1024.0, "setup": self.setup,
+                "rss_mb": peak_rss_kb() / 1024.0, "setup": self.setup, "copies": p.mover.counts(),
                 **p.rank_stats()}
 
     def summary(self, ranks: List[dict], wall0: float, context: Optional[dict] = None) -> dict:
@@ -233,6 +233,8 @@ class RunRecord:
             net_bytes_train=int(wire) if on_netns else None,
             net_bytes_per_batch=per_batch(wire) if on_netns else None,
             time_per_batch_s=breakdown_per_batch([r["timing"] for r in ranks if "timing" in r]),
+            device_copies_per_batch={k: per_batch(sum(r["copies"][k] for r in ranks)) for k in ("tensors", "bytes")}
+            if batches else None,
             peak_rss_mb_trainer=round(max(r["rss_mb"] for r in ranks), 1),
             **setup_keys([r.get("setup") or {} for r in ranks]),
             params_agree=len(set(digests)) == 1 if None not in digests else None,

@@ -6,7 +6,6 @@ from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from degnn.runtime.device import to_device
 
 
 class OwnIds(NamedTuple):
@@ -82,11 +81,12 @@ class Task:
     def loss(self, model, batch, x, y) -> torch.Tensor:
         raise NotImplementedError
 
-    def batch_loss(self, model, batch, feat, label=None, device=None) -> torch.Tensor:
-        """The loss of a batch of a local graph; the batch and its inputs on `device` first."""
+    def batch_loss(self, model, batch, feat, label=None, move=None) -> torch.Tensor:
+        """The loss of a batch of a local graph; the batch and its inputs moved by `move` (a
+        degnn.runtime.device.DeviceMover) first."""
         batch, x, y = (batch, *self.inputs(batch, feat, label))
-        if device is not None:
-            batch, x, y = to_device((batch, x, y), device)
+        if move is not None:
+            batch, x, y = move((batch, x, y))
         return self.loss(model, batch, x, y)
 
     # --- batches of the machine's own nodes (LAMP) ----------------------------------------------

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from degnn.runtime.compat import DistNodeDataLoader, MultiLayerFullNeighborSampler
+from degnn.runtime.device import DeviceMover
 
 
 def remote_rows(pb, nids: torch.Tensor) -> int:
@@ -50,6 +51,7 @@ class DistEvaluator:
     def __init__(self, ctx, model, task):
         g = ctx.graph
         self.ctx, self.g, self.model, self.task = ctx, g, model, task
+        self.mover = DeviceMover.of(ctx.cfg.model.backend, ctx.device)  # a batch's block and rows to the model
         self.pb = g.get_partition_book()
         self.batch_size = ctx.cfg.train.eval_batch_size
         self.evaluate_fn = task.evaluate_fn()
@@ -106,8 +108,8 @@ class DistEvaluator:
             row_bytes = (feat_bytes if i == 0 else x.shape[1] * x.dtype.itemsize)
             for input_nodes, output_nodes, blocks in loader:
                 self.ctx.counter.add("eval", remote_rows(self.pb, input_nodes) * row_bytes)
-                h = self.model.layer_forward(i, blocks[0], x[input_nodes].float())
-                out[output_nodes] = h.to(out.dtype)
+                h = self.model.layer_forward(i, *self.mover((blocks[0], x[input_nodes].float())))
+                out[output_nodes] = h.to(out.dtype).cpu()  # the tables live on the graph servers
                 self.ctx.heartbeat.beat()
             self.g.barrier()
             if not keep and i > 0:

@@ -51,7 +51,6 @@ from degnn.pipelines.base import Pipeline
 from degnn.pipelines.distdgl.config import DistDGLConfig
 from degnn.pipelines.distdgl.prefetch import (Prefetcher, cluster_prefetch_is_faster, prefetch_is_faster,
                                               probe_median)
-from degnn.runtime.device import to_device
 
 CACHE_CHUNK_BYTES = 32 * 2**20  # the halo copy is read in pieces of about this much
 
@@ -289,7 +288,7 @@ class DistDGLPipeline(Pipeline):
                 x, y = task.inputs(batch, self.feat)
             if self._prefetcher is not None:
                 self._prefetcher.release()  # the thread samples the next batch during this step
-        batch, x, y = to_device((batch, x, y), self.device)
+        batch, x, y = self.mover((batch, x, y))
         with self.timer("compute"):
             loss = task.loss(self.ddp, batch, x, y)
         value = self.optimize(loss)  # DDP all-reduces the gradients in backward (timed by the hook)

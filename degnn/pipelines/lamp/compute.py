@@ -305,7 +305,9 @@ class Owner:
         from degnn.models import GNN
 
         m = setup.meta
-        model = GNN(m["kind"], m["in_dim"], m["hidden"], m["out_dim"], m["layers"], m["dropout"], m["heads"])
+        # (on the CPU: with backend=auto DGL's layers, with torch the plain-torch ones)
+        model = GNN(m["kind"], m["in_dim"], m["hidden"], m["out_dim"], m["layers"], m["dropout"], m["heads"],
+                    m.get("backend", "auto"))
         # h^(1..L-2): the layers read as leaves (the top hidden layer, h^(L-1), is prepared fresh
         # by the owners, so its history is kept only with pipeline.roots=histories)
         history = History(lg.num_nodes, m["history_layers"], row_codec(m))

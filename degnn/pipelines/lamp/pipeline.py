@@ -13,7 +13,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from degnn.metrics import ring_allreduce_bytes, timed_allreduce_hook
 from degnn.pipelines.base import Pipeline
-from degnn.runtime.device import to_device
 from degnn.runtime.own_rows import own_rows
 from degnn.pipelines.lamp.codec import make_codec
 from degnn.pipelines.lamp.config import LAMPConfig
@@ -259,7 +258,7 @@ class LAMPPipeline(Pipeline):
         self.owner_grads: Dict[str, torch.Tensor] = {}
         self.step_no, self.weights_version = 0, -1
         meta = dict(kind=cfg.model.name, in_dim=self.in_dim, hidden=cfg.model.hidden, out_dim=self.out_dim,
-                    layers=self.L, dropout=float(cfg.model.dropout), heads=cfg.model.heads,
+                    layers=self.L, dropout=float(cfg.model.dropout), heads=cfg.model.heads, backend=cfg.model.backend,
                     fanouts=self.fanouts, bits=self.bits, seed=int(cfg.train.seed) + self.me, fusion=self.fused,
                     history_layers=self.tables, halo_bits=int(cfg.pipeline.halo_bits), codec=cfg.pipeline.codec)
         try:
@@ -409,7 +408,7 @@ class LAMPPipeline(Pipeline):
         b, (cg, x, leaves, top_h) = batch
         # the trainer's forward on train.device; owners, histories and their messages stay on the
         # CPU (a leaf moved to the device still passes its gradient back to top_h)
-        blocks, x, leaves, target = to_device((cg.blocks, x, leaves, b.target), self.device)
+        blocks, x, leaves, target = self.mover((cg.blocks, x, leaves, b.target))
         with self.timer("compute"):
             # the task's loss of the seeds' top rows (Task.seed_loss), inside the DDP forward
             loss, hidden = self.ddp(blocks, x, leaves, target)

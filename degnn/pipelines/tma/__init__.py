@@ -55,6 +55,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from degnn.config import CONF_DIR
 from degnn.pipelines.base import Pipeline
+from degnn.runtime.device import DeviceMover
 
 from .config import TMAConfig
 from .contract import RoundPlan
@@ -176,7 +177,8 @@ class TMAPipeline(Pipeline):
         self.corrector = None
         self.kill_at = float(p.kill_at_s) if p.kill_rank == ctx.rank else None
         # every trainer makes the evaluation's DistTensors together (a DGL barrier), dropped ones too
-        self.evaluation = SharedEvaluation(g, task, ctx.counter, cfg.train.eval_batch_size)
+        self.evaluation = SharedEvaluation(g, task, ctx.counter, cfg.train.eval_batch_size,
+                                           DeviceMover.of(cfg.model.backend, self.device))
         task.evaluate_fn()  # the dataset's evaluator (OGB's), built once before the clocks start
         self.plan = self.round_plan()
         g_local = self.local.graph
@@ -259,7 +261,7 @@ class TMAPipeline(Pipeline):
             self._maybe_die(self.train_s, "training")
         self.task.observe(batch)
         self.model.train()
-        loss = self.task.batch_loss(self.model, batch, self.local.graph.ndata["feat"], self.label, self.device)
+        loss = self.task.batch_loss(self.model, batch, self.local.graph.ndata["feat"], self.label, self.mover)
         clip = p.grad_clip if p.grad_clip > 0 and self.batches / self.steps_per_epoch >= p.grad_clip_since else 0.0
         self.batches += 1
         return self.optimize(loss, clip)

@@ -43,8 +43,9 @@ def tensor_name(layer: int) -> str:
 class SharedEvaluation:
     """One trainer's side of the evaluation: the plan, the layer outputs, one unit's work."""
 
-    def __init__(self, g, task, counter, batch_size: int, units_per_part: int = UNITS_PER_PART):
+    def __init__(self, g, task, counter, batch_size: int, mover, units_per_part: int = UNITS_PER_PART):
         self.g, self.task, self.counter, self.batch_size = g, task, counter, batch_size
+        self.mover = mover  # a unit's blocks and input rows to the model's device
         self.pb = pb = g.get_partition_book()
         sizes = [int(m["num_nodes"]) for m in pb.metadata()]
         self.ranges: List[tuple] = []  # unit -> (first node, end), node ids of one partition
@@ -85,10 +86,10 @@ class SharedEvaluation:
             block = dgl.to_block(dgl.distributed.sample_neighbors(g, seeds, -1), seeds)
             inputs = block.srcdata[dgl.NID]
             remote = pb.nid2partid(inputs) != pb.partid
-            h = model.layer_forward(i, block, x[inputs].float())
+            h = model.layer_forward(i, *self.mover((block, x[inputs].float())))
             if not beat():
                 return False
-            self.outputs[i][seeds] = h
+            self.outputs[i][seeds] = h.cpu()  # the table lives on the graph servers
             self.counter.add("eval", sampling_bytes(remote, [block]) + int(remote.sum()) * (ID_BYTES + row)
                              + (len(seeds) * (ID_BYTES + out_row) if remote_home else 0))
             after_write()
