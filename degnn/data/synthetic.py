@@ -90,6 +90,30 @@ def _pick_in_range(rng, cum: np.ndarray, lo: np.ndarray, width: np.ndarray) -> n
     return np.minimum(np.searchsorted(cum, u, side="right"), cum.shape[0] - 1)
 
 
+def target_positions(rng, cs: np.ndarray, homophily: float, num_classes: int, cum: np.ndarray,
+                     start: np.ndarray, mass: np.ndarray, total: float) -> np.ndarray:
+    """The targets (positions in class-sorted order) of edges whose sources have classes `cs`:
+    with probability `homophily` a node of the source's class, else mostly one of its two
+    neighbouring classes on the ring, else any other class; within the class, picked by theta.
+    `cum` is the class-sorted cumulative theta mass, class c the interval [start[c], start[c]+mass[c])."""
+    m = cs.shape[0]
+    inside = rng.random(m) < homophily
+    near = (~inside) & (rng.random(m) < NEIGHBOUR_CLASS_SHARE)
+    far = ~(inside | near)
+    pos = np.empty(m, dtype=np.int64)
+    # same class
+    pos[inside] = _pick_in_range(rng, cum, start[cs[inside]], mass[cs[inside]])
+    # a neighbouring class c±1 (classes on a ring)
+    cn = (cs[near] + rng.choice([-1, 1], size=int(near.sum()))) % num_classes
+    pos[near] = _pick_in_range(rng, cum, start[cn], mass[cn])
+    # any other class: draw from the mass outside the source's class interval
+    cf = cs[far]
+    u = rng.random(int(far.sum())) * (total - mass[cf])
+    u = np.where(u >= start[cf], u + mass[cf], u)
+    pos[far] = np.minimum(np.searchsorted(cum, u, side="right"), cum.shape[0] - 1)
+    return pos
+
+
 def generate(k: Dict[str, object]) -> Tuple[np.ndarray, np.ndarray, np.ndarray, Dict[str, np.ndarray]]:
     """(edges [2,E] directed, feat [N,F] float32, label [N] int64, split idx dict)."""
     n, c, f = k["num_nodes"], k["num_classes"], k["feat_dim"]
@@ -112,22 +136,7 @@ def generate(k: Dict[str, object]) -> Tuple[np.ndarray, np.ndarray, np.ndarray, 
     def sample(m: int) -> np.ndarray:
         """m directed edges as keys src*n+dst (self-loops dropped)."""
         src = order[_pick_in_range(rng, cum, np.zeros(m), np.full(m, total))]
-        cs = label[src]
-        inside = rng.random(m) < k["homophily"]
-        near = (~inside) & (rng.random(m) < NEIGHBOUR_CLASS_SHARE)
-        far = ~(inside | near)
-        dst_pos = np.empty(m, dtype=np.int64)
-        # same class
-        dst_pos[inside] = _pick_in_range(rng, cum, start[cs[inside]], mass[cs[inside]])
-        # a neighbouring class c±1 (classes on a ring)
-        cn = (cs[near] + rng.choice([-1, 1], size=int(near.sum()))) % c
-        dst_pos[near] = _pick_in_range(rng, cum, start[cn], mass[cn])
-        # any other class: draw from the mass outside the source's class interval
-        cf = cs[far]
-        u = rng.random(int(far.sum())) * (total - mass[cf])
-        u = np.where(u >= start[cf], u + mass[cf], u)
-        dst_pos[far] = np.minimum(np.searchsorted(cum, u, side="right"), n - 1)
-        dst = order[dst_pos]
+        dst = order[target_positions(rng, label[src], k["homophily"], c, cum, start, mass, total)]
         keep = src != dst
         return src[keep].astype(np.int64) * n + dst[keep]
 

@@ -33,7 +33,7 @@ from typing import Dict
 import numpy as np
 
 from degnn.chunked import ChunkedWriter
-from .synthetic import LABEL_NOISE, MEAN_SCALE, NEIGHBOUR_CLASS_SHARE, PARETO_SHAPE, SPLIT
+from .synthetic import LABEL_NOISE, MEAN_SCALE, NEIGHBOUR_CLASS_SHARE, PARETO_SHAPE, SPLIT, target_positions
 
 # bytes a drawn edge costs while its block is drawn, merged and formatted (measured: ~150)
 EDGE_BYTES = 256
@@ -97,19 +97,7 @@ def generate_chunked(k: Dict[str, object], out: Path, budget_bytes: int = 2 << 3
 
         def draw(m: int) -> np.ndarray:
             src = _pick(brng, cum_id, lo, width, m)
-            cs = label[src]
-            inside = brng.random(m) < homophily
-            near = (~inside) & (brng.random(m) < NEIGHBOUR_CLASS_SHARE)
-            far = ~(inside | near)
-            pos = np.empty(m, dtype=np.int64)
-            pos[inside] = _pick(brng, cum, start[cs[inside]], mass[cs[inside]], int(inside.sum()))
-            cn = (cs[near] + brng.choice([-1, 1], size=int(near.sum()))) % c
-            pos[near] = _pick(brng, cum, start[cn], mass[cn], int(near.sum()))
-            cf = cs[far]
-            u = brng.random(int(far.sum())) * (total - mass[cf])
-            u = np.where(u >= start[cf], u + mass[cf], u)
-            pos[far] = np.minimum(np.searchsorted(cum, u, side="right"), n - 1)
-            dst = order[pos]
+            dst = order[target_positions(brng, label[src], homophily, c, cum, start, mass, total)]
             keep = src != dst
             return src[keep] * n + dst[keep]
 
