@@ -4,20 +4,24 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+# the exact versions `make setup` (and so CI) installs, as pip -c pins
+CONSTRAINTS := .ci/constraints.txt
+TORCH := $(shell sed -n 's/^torch==//p' $(CONSTRAINTS))
 
 .PHONY: setup demo test bench bench-quick clean clean-runs cleanup
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	# torch first and pinned, the CPU build: from the local wheel cache where there is one, else
-	# from PyTorch's CPU index (a bare `torch` from PyPI pulls a multi-GB CUDA build)
-	# (its dependencies then from the usual index; an ordinary host takes torch and them from
-	# PyTorch's CPU index and PyPI)
-	( $(VPY) -m pip install -q --no-index --no-deps torch==2.13.0 2>/dev/null && \
-	  $(VPY) -m pip install -q torch==2.13.0 ) || \
-	  $(VPY) -m pip install -q torch==2.13.0 --index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple
-	$(VPY) -m pip install -q -e '.[test]'
+	# torch first, the CPU build of the version the constraints pin: from the local wheel cache
+	# where there is one, else from PyTorch's CPU index (a bare `torch` from PyPI pulls a multi-GB
+	# CUDA build) (its dependencies then from the usual index; an ordinary host takes torch and
+	# them from PyTorch's CPU index and PyPI)
+	( $(VPY) -m pip install -q --no-index --no-deps torch==$(TORCH) 2>/dev/null && \
+	  $(VPY) -m pip install -q torch==$(TORCH) -c $(CONSTRAINTS) ) || \
+	  $(VPY) -m pip install -q torch==$(TORCH) -c $(CONSTRAINTS) --index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple
+	# degnn and the rest at the versions CI tests (pyproject.toml has the ranges, docs/install.md)
+	$(VPY) -m pip install -q -e '.[test]' -c $(CONSTRAINTS)
 	touch $(STAMP)
 
 setup: $(STAMP)

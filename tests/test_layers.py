@@ -17,7 +17,8 @@ ROOTS = ("degnn", "partitioners", "benchmarks")
 
 # lowest first; a package may import its own modules and those of lower layers only
 LAYERS = [
-    {"degnn", "degnn.config", "degnn.proc", "degnn.chunked", "degnn.tensor_dict"},
+    # degnn/compat.py, the version differences, imports only dgl and torch: every layer uses it
+    {"degnn", "degnn.config", "degnn.proc", "degnn.compat", "degnn.chunked", "degnn.tensor_dict"},
     {"degnn.data", "degnn.metrics", "degnn.models", "partitioners"},
     {"degnn.runtime"},
     {"degnn.tasks"},
@@ -49,6 +50,8 @@ def package_of(module: str) -> str:
     """degnn.<name> for degnn's subpackages and top-level modules, the partitioners' command line
     on its own, else the top-level package."""
     parts = module.split(".")
+    if module in LAYER:  # a module with a layer of its own
+        return module
     if parts[0] == "degnn" or module == "partitioners.__main__":
         return ".".join(parts[:2])
     return parts[0]

@@ -173,3 +173,34 @@ def test_the_wheel_lists_every_package_of_the_tree():
     on_disk = {".".join(p.parent.relative_to(REPO).parts) for root in ("degnn", "partitioners")
                for p in (REPO / root).rglob("__init__.py")}
     assert listed == on_disk | {"degnn.conf"}
+
+
+def test_installing_the_wheel_keeps_the_torch_already_there(wheel, tmp_path):
+    """A user's environment that already has a supported torch (here this interpreter's, whatever
+    version the matrix gives it: docs/install.md) keeps it: pip resolves the wheel's ranges against
+    what is installed, with no index to take another torch from (a requirement this torch does not
+    meet fails the install instead of quietly replacing it)."""
+    import torch
+
+    root = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=budget(60))
+    py = root / "bin" / "python"
+    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    deps = [p for p in sys.path if Path(p).name == "site-packages" and Path(p).is_dir()]
+    Path(site, "degnn_test_deps.pth").write_text("".join(f"{p}\n" for p in deps))
+    # no pip configuration or PIP_* variables of this machine (find-links, constraints): only the
+    # wheel's own requirements decide
+    env = {k: v for k, v in clean_env().items() if not k.startswith("PIP_")}
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-index", str(wheel)],
+                       env={**env, "PIP_CONFIG_FILE": os.devnull}, capture_output=True, text=True,
+                       timeout=budget(180))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    installed = next(l for l in r.stdout.splitlines() if l.startswith("Successfully installed"))
+    assert installed.split()[2:] == [wheel.name.split("-py3")[0]], installed  # degnn-0.1.0, nothing else
+    out = run([py, "-c", "import torch, degnn, degnn.runtime.compat; print(torch.__version__); "
+               "print(torch.__file__); print(degnn.__file__)"], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    version, file, degnn_file = out.stdout.splitlines()
+    assert (version, file) == (torch.__version__, torch.__file__)
+    assert Path(degnn_file).is_relative_to(root)

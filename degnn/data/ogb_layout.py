@@ -26,6 +26,8 @@ import pandas as pd
 import torch
 from dgl import DGLError
 
+from degnn.runtime.compat import WEIGHTS_ONLY_REFUSED, WEIGHTS_ONLY_TAKES_NUMPY, safe_globals
+
 from .graph import DatasetError
 
 RELEASE = "RELEASE_v1.txt"
@@ -255,8 +257,7 @@ def _numpy_safe_globals() -> list:
     Both spellings of numpy's array reconstructor: files written with numpy 1.x (OGB's own) name
     `numpy.core.multiarray._reconstruct`, numpy 2.x names `numpy._core...`. Arrays of Python
     objects still go through the weights-only unpickler element by element."""
-    core = getattr(np, "_core", None) or np.core
-    rec = core.multiarray._reconstruct
+    rec = np.empty(0).__reduce__()[0]  # the reconstructor pickle names, under either numpy
     out = [np.ndarray, np.dtype, (rec, "numpy.core.multiarray._reconstruct"),
            (rec, "numpy._core.multiarray._reconstruct")]
     for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
@@ -271,12 +272,14 @@ def load_split_file(path: str):
     import pickle
 
     try:
-        with torch.serialization.safe_globals(_numpy_safe_globals()):
+        with safe_globals(_numpy_safe_globals()):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        import re
-
-        m = re.search(r"GLOBAL ([\w.]+)", str(exc))
+        m = WEIGHTS_ONLY_REFUSED.search(str(exc))
+        if m and m.group(1).startswith("numpy") and not WEIGHTS_ONLY_TAKES_NUMPY:
+            raise DatasetError(f"split file {path} holds numpy arrays, which torch {torch.__version__} cannot "
+                               f"load without letting the file run code; use torch>=2.4, or re-save the "
+                               f"splits as tensors") from None
         what = f"refers to {m.group(1)}" if m else "is not a plain pickle of tensors or arrays"
         raise DatasetError(f"split file {path} {what} (refused: loading it could run code); "
                            f"replace it with OGB's original file or re-create the dataset") from None

@@ -1,8 +1,12 @@
-"""The one place that knows about DGL and launcher version differences."""
+"""The one place that knows about DGL, torch and launcher version differences (the versions
+tested are in docs/install.md). It imports only dgl and torch, so every layer may use it."""
 from __future__ import annotations
 
+import contextlib
 import re
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
+
+import torch
 
 # DGL 1.1.x keeps DistNodeDataLoader and DistEdgeDataLoader in dgl.dataloading; 2.4 moved them (and
 # left a shim there).
@@ -32,3 +36,33 @@ def strip_local_rank(argv: List[str]) -> Tuple[List[str], Optional[int]]:
             continue
         out.append(arg)
     return out, local_rank
+
+# what torch.load(weights_only=True) names when it refuses a pickled global: "GLOBAL numpy.x" from
+# torch 2.4 on, "Unsupported class numpy.x" before
+WEIGHTS_ONLY_REFUSED = re.compile(r"(?:GLOBAL|Unsupported class) ([\w.]+)")
+# whether weights-only loading can be told to accept numpy arrays (safe_globals below): torch>=2.4
+WEIGHTS_ONLY_TAKES_NUMPY = hasattr(torch.serialization, "add_safe_globals")
+
+
+@contextlib.contextmanager
+def safe_globals(allowed: list) -> Iterator[None]:
+    """torch.load(weights_only=True) also accepts `allowed` (classes, functions, (object, name)
+    pairs) inside the block.
+
+    torch 2.5 has this context manager; 2.4 only the process-wide add_safe_globals (undone here on
+    the way out); before 2.4 the weights-only unpickler takes no additions: tensors still load,
+    anything in `allowed` is refused like any other global (docs/limitations.md)."""
+    ser = torch.serialization
+    if hasattr(ser, "safe_globals"):
+        with ser.safe_globals(allowed):
+            yield
+    elif hasattr(ser, "add_safe_globals"):
+        before = ser.get_safe_globals()
+        ser.add_safe_globals([a[0] if isinstance(a, tuple) else a for a in allowed])
+        try:
+            yield
+        finally:
+            ser.clear_safe_globals()
+            ser.add_safe_globals(before)
+    else:
+        yield
