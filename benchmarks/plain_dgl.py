@@ -74,7 +74,7 @@ def accuracy(g, logits, mask_name, pb) -> float:
 
 def main(argv) -> int:
     from degnn.metrics import write_summary
-    from degnn.runtime.compat import strip_local_rank
+    from degnn.compat import strip_local_rank
     from degnn.entry import compose_config, run_dir_from
     from degnn.runtime.partition_info import read_partition_json
 

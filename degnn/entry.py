@@ -25,7 +25,7 @@ from typing import List
 
 from degnn.config import CONF_DIR, register_configs
 from degnn.runtime.checkpoint import CheckpointError
-from degnn.runtime.compat import strip_local_rank
+from degnn.compat import strip_local_rank
 from degnn.runtime.console import TqdmLogHandler
 from degnn.runtime.heartbeat import Heartbeat, heartbeat_path, write_peak
 from degnn.runtime.mapped_feats import PartitionFileError

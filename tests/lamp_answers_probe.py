@@ -65,7 +65,7 @@ def watch(run_dir: str, zero: bool) -> None:
 
 def main(argv) -> int:
     from degnn.entry import main as entry_main, run_dir_from
-    from degnn.runtime.compat import strip_local_rank
+    from degnn.compat import strip_local_rank
 
     if os.environ.get("DGL_ROLE") != "server":
         overrides, _ = strip_local_rank(argv)

@@ -26,7 +26,7 @@ def trainer(argv) -> int:
     from degnn.pipelines.lamp.graph import LocalGraph
     from degnn.pipelines.lamp.codec import make_codec
     from degnn.runtime import services
-    from degnn.runtime.compat import strip_local_rank
+    from degnn.compat import strip_local_rank
     from degnn.runtime.context import RunContext
     from degnn.entry import compose_config, run_dir_from
     from degnn.runtime.partition_info import read_partition_json

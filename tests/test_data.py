@@ -13,7 +13,7 @@ import torch
 
 from degnn.data import DatasetError, load_dataset
 from degnn.data import ogb_layout as L
-from degnn.runtime.compat import WEIGHTS_ONLY_TAKES_NUMPY
+from degnn.compat import WEIGHTS_ONLY_TAKES_NUMPY
 
 WORDNET = "/usr/share/wordnet"
 

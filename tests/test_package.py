@@ -198,7 +198,7 @@ def test_installing_the_wheel_keeps_the_torch_already_there(wheel, tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     installed = next(l for l in r.stdout.splitlines() if l.startswith("Successfully installed"))
     assert installed.split()[2:] == [wheel.name.split("-py3")[0]], installed  # degnn-0.1.0, nothing else
-    out = run([py, "-c", "import torch, degnn, degnn.runtime.compat; print(torch.__version__); "
+    out = run([py, "-c", "import torch, degnn, degnn.compat; print(torch.__version__); "
                "print(torch.__file__); print(degnn.__file__)"], tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     version, file, degnn_file = out.stdout.splitlines()

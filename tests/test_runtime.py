@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from degnn.runtime.compat import strip_local_rank
+from degnn.compat import strip_local_rank
 from timing import budget
 
 REPO = Path(__file__).resolve().parent.parent

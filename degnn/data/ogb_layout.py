@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 from dgl import DGLError
 
-from degnn.runtime.compat import WEIGHTS_ONLY_REFUSED, WEIGHTS_ONLY_TAKES_NUMPY, safe_globals
+from degnn.compat import WEIGHTS_ONLY_REFUSED, WEIGHTS_ONLY_TAKES_NUMPY, safe_globals
 
 from .graph import DatasetError
 

@@ -15,7 +15,7 @@ import dgl
 import torch
 import torch.distributed as dist
 
-from degnn.runtime.compat import DistNodeDataLoader, MultiLayerFullNeighborSampler
+from degnn.compat import DistNodeDataLoader, MultiLayerFullNeighborSampler
 from degnn.runtime.device import DeviceMover
 
 

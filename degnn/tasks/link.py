@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from degnn.data.evaluate import mrr_evaluator, reciprocal_ranks
 from degnn.metrics import ID_BYTES
 from degnn.models import build_link_model
-from degnn.runtime.compat import DistEdgeDataLoader, NeighborSampler
+from degnn.compat import DistEdgeDataLoader, NeighborSampler
 from degnn.tasks.base import OwnIds, Task
 from degnn.tasks.evaluation import gather_to_rank0, remote_rows
 

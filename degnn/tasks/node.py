@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from degnn.data.evaluate import accuracy_evaluator
 from degnn.metrics import ID_BYTES
 from degnn.models import build_model
-from degnn.runtime.compat import DistNodeDataLoader, NeighborSampler
+from degnn.compat import DistNodeDataLoader, NeighborSampler
 from degnn.runtime.own_rows import own_rows
 from degnn.tasks.base import OwnIds, Task
 from degnn.tasks.evaluation import gather_to_rank0, remote_rows
