@@ -343,9 +343,13 @@ def test_a_sweep_inside_one_allocation_and_a_dead_process(slurm, tmp_path):
     s = json.loads((sweep / "0" / "summary.json").read_text())
     assert s["status"] == "ok" and s["machines"] == 2, s
     assert out.count("result: pipeline=fake") == 1, out[-3000:]
-    last = out.strip().splitlines()[-1]
+    # the second run's fault line is the launcher's last, then the sweep's table of both jobs
+    lines = out.strip().splitlines()
+    last = [line for line in lines if line.startswith("degnn.launch:")][-1]
     assert last.startswith("degnn.launch: run failed: trainer rank 3 (machine 1)"), out[-3000:]
     assert "exited with code 1" in last
+    assert f"sweep of 2 jobs in {sweep}: 1 ok, 1 failed" in out, out[-3000:]
+    assert lines[-1].split()[:3] == ["1", "train.seed=1", "failed"], out[-3000:]
     s = json.loads((sweep / "1" / "summary.json").read_text())
     assert s["status"] == "failed" and s["failed_process"]["machine"] == 1, s
     assert not fake_entry.processes_mentioning(str(sweep))
