@@ -164,13 +164,19 @@ def test_two_local_runs_at_once_keep_their_own_data(tmp_path):
 
 
 def test_rank0_store_listens_on_the_cluster_address_only():
-    """torch's env:// rendezvous would listen on every interface (*:MASTER_PORT)."""
-    code = ("import os, datetime, subprocess, torch, torch.distributed as dist\n"
+    """torch's env:// rendezvous would listen on every interface (*:MASTER_PORT). The store owns the
+    listening descriptor it is handed and closes it itself: no Python socket of degnn may hold the
+    same one (its close would pull the socket from under the store: torch < 2.4 aborts)."""
+    code = ("import gc, os, datetime, socket, subprocess, torch, torch.distributed as dist\n"
             "from degnn.runtime.store import init_process_group\n"
             "init_process_group(0, 1, datetime.timedelta(seconds=60))\n"
             "t = torch.ones(1); dist.all_reduce(t); assert t.item() == 1\n"
             "ss = subprocess.run(['ss', '-ltnpH'], capture_output=True, text=True).stdout\n"
-            "print('\\n'.join(l for l in ss.splitlines() if f'pid={os.getpid()},' in l))\n")
+            "print('\\n'.join(l for l in ss.splitlines() if f'pid={os.getpid()},' in l))\n"
+            "gc.collect()\n"
+            "held = [s for s in gc.get_objects() if isinstance(s, socket.socket) and s.fileno() != -1\n"
+            "        and s.getsockname()[1] == int(os.environ['MASTER_PORT'])]\n"
+            "print('python sockets on the store port:', len(held))\n")
     port = fake_free_port()
     r = subprocess.run([PY, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=budget(120),
                        env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
@@ -178,3 +184,4 @@ def test_rank0_store_listens_on_the_cluster_address_only():
     lines = [l.split() for l in r.stdout.splitlines() if l.startswith("LISTEN")]
     assert any(l[3] == f"127.0.0.1:{port}" for l in lines), r.stdout  # the store
     assert all(l[3].startswith("127.0.0.1:") for l in lines), r.stdout  # and nothing else anywhere
+    assert "python sockets on the store port: 0" in r.stdout, r.stdout

@@ -19,8 +19,6 @@ import re
 import socket
 from typing import Optional
 
-_listening: Optional[socket.socket] = None  # kept open for the store's whole life
-
 
 class ProcessGroupError(RuntimeError):
     """torch.distributed could not connect the trainers; the message is one line."""
@@ -84,19 +82,23 @@ def _bind(addr: str, port: int) -> Optional[socket.socket]:
 def _init_process_group(rank: int, world: int, timeout: datetime.timedelta) -> None:
     import torch.distributed as dist  # here: the entry imports this module before torch
 
-    global _listening
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # started by torchrun / torch.distributed.launch (DGL's launch.py): its agent hosts the store
         dist.init_process_group("gloo", timeout=timeout)
         return
     addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     if rank == 0:
-        _listening = _bind(addr, port)
-        if _listening is None:
+        listening = _bind(addr, port)
+        if listening is None:
             dist.init_process_group("gloo", timeout=timeout)
             return
-        store = dist.TCPStore(addr, port, world, is_master=True, timeout=timeout,
-                              master_listen_fd=_listening.fileno())
+        # the store owns the descriptor it is given and closes it when it goes (every torch
+        # version): it gets its own, so that the Python socket's close does not shut the store's
+        # listening socket under it (torch < 2.4 aborts: "Unexpected poll revent on the master's
+        # listening socket") or, after the store, close a descriptor since reused for something else
+        with listening:
+            fd = os.dup(listening.fileno())
+        store = dist.TCPStore(addr, port, world, is_master=True, timeout=timeout, master_listen_fd=fd)
     else:
         store = dist.TCPStore(addr, port, world, is_master=False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
