@@ -9,8 +9,10 @@ server and trainer of the machine is moved into its cgroups between fork and exe
 what it allocates, the DGL shared memory it fills included, is charged to its machine. The kernel
 enforces the limit: a machine over its memory has one of its processes killed by the OOM killer,
 counted in the cgroup's `memory.oom_control` (`oom_kill`); `memory.max_usage_in_bytes` is the
-machine's peak. The cgroups are removed with the cluster, and those of launchers that are gone by
-the next launch and `--cleanup` (`cleanup_stale`).
+machine's peak. The kernel keeps no record of what the peak was made of, so the supervisor's poll
+samples each machine's `memory.usage_in_bytes` and `memory.stat` (`sample_memory`) and the split
+at the highest sample is reported (degnn/launch/memory.py). The cgroups are removed with the
+cluster, and those of launchers that are gone by the next launch and `--cleanup` (`cleanup_stale`).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import Dict, List, Optional
 
 from degnn.proc import pid_alive
 
+from .memory import MachineSplit
 from .plan import LaunchError
 
 ROOT = "/sys/fs/cgroup"
@@ -96,6 +99,14 @@ def _read_int(path: str) -> Optional[int]:
         with open(path) as f:
             return int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_text(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
         return None
 
 
@@ -175,6 +186,7 @@ class MachineLimits:
         self.cpus = float(cpus) if cpus is not None else None
         self.dirs: Dict[str, List[str]] = {}  # controller -> one directory per machine
         self._procs: List[str] = []  # per machine, the cgroup.procs files to write a pid into
+        self.splits: List[MachineSplit] = []  # per machine, its memory at its highest sample
 
     @property
     def active(self) -> bool:
@@ -227,6 +239,7 @@ class MachineLimits:
                     _write(os.path.join(d, "cpu.cfs_quota_us"), max(1000, int(self.cpus * period)))
         self._procs = [[os.path.join(self.dirs[c][i], "cgroup.procs") for c in self.dirs]
                        for i in range(self.k)]
+        self.splits = [MachineSplit() for _ in range(self.k)]
 
     def down(self) -> None:
         for dirs in self.dirs.values():
@@ -259,6 +272,13 @@ class MachineLimits:
             return None
         return _read_int(os.path.join(self.dirs["memory"][machine], "memory.max_usage_in_bytes"))
 
+    def sample_memory(self) -> None:
+        """One sample of every machine's usage and its make-up (the supervisor calls it at every
+        poll); each machine keeps the sample of its highest usage."""
+        for d, kept in zip(self.dirs.get("memory", ()), self.splits):
+            kept.observe(_read_int(os.path.join(d, "memory.usage_in_bytes")),
+                         _read_text(os.path.join(d, "memory.stat")))
+
     def oom_kills(self, machine: int) -> int:
         return _oom_kills(self.dirs["memory"][machine]) if "memory" in self.dirs else 0
 
@@ -281,6 +301,9 @@ class MachineLimits:
         peaks = [self.peak_bytes(i) for i in range(self.k)]
         out["machine_peak_memory_mb"] = ([round(p / 2**20, 1) if p is not None else None for p in peaks]
                                          if "memory" in self.dirs else None)
+        # what each peak was made of, at the poll that saw the machine's highest usage
+        out["machine_memory_split_mb"] = ([kept.mb(p) for kept, p in zip(self.splits, peaks)]
+                                          if "memory" in self.dirs else None)
         # how CPU-bound the machines were, over the whole run (set-up and evaluation included):
         # the share of CFS periods in which a machine used up its quota (a trainer cannot read its
         # cgroup: `ip netns exec` gives it a /sys without the cgroup mounts)
