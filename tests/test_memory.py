@@ -119,3 +119,18 @@ def test_the_graphs_share_and_each_machines_ratio_and_fixed_part(tmp_path):
     assert graph_keys(parts, None)["machine_peak_per_share"] is None
     assert part_bytes(str(tmp_path / "missing.json")) is None
     assert set(graph_keys(None, None).values()) == {None}
+
+
+def test_memory_accounting_is_netns_only_and_makes_cgroups_without_a_limit():
+    from omegaconf import OmegaConf
+
+    from degnn.launch.limits import MachineLimits, check_limits
+    from degnn.launch.plan import LaunchError
+
+    check_limits(OmegaConf.create({"kind": "netns", "memory_accounting": True}))
+    with pytest.raises(LaunchError, match="cluster.memory_accounting: only cluster=netns"):
+        check_limits(OmegaConf.create({"kind": "local", "memory_accounting": True}))
+    lim = MachineLimits(2, accounting=True)
+    assert lim.active and lim.controllers() == ["memory"] and lim.memory is None
+    assert lim.describe() == "memory accounted, not limited per machine (cgroups)"
+    assert MachineLimits(2).controllers() == [] and not MachineLimits(2).active

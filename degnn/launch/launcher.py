@@ -335,7 +335,7 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
         on_stop = on_kill = None
         counters = None
         limits = MachineLimits(len(plan.machines), cl.get("memory_per_machine"),
-                               cl.get("cpus_per_machine"))
+                               cl.get("cpus_per_machine"), bool(cl.get("memory_accounting")))
         if cl.kind == "netns":
             net = NetnsCluster(len(plan.machines), cl.subnet, cl.bandwidth)
             up = lambda: [f"netns machines {', '.join(net.ns)} and bridge {net.bridge}"]

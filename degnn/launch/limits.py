@@ -1,5 +1,6 @@
 """Machines with their own memory and CPU: `cluster.memory_per_machine`, `cluster.cpus_per_machine`
-(cluster=netns; docs/design.md, "Machine limits").
+(cluster=netns; docs/design.md, "Machine limits"); `cluster.memory_accounting` gives every machine a
+memory cgroup without a limit, for its peak and split only.
 
 Machine i gets one cgroup `degnn<launcher pid>m<i>` in the cgroup v1 `memory` and `cpu`
 hierarchies, created under the launcher's own cgroup (so the host's limits on the launcher still
@@ -54,11 +55,12 @@ def fmt_size(n: Optional[float]) -> str:
 
 
 def check_limits(cl) -> None:
-    """The preflight of the two keys (one LaunchError naming the key)."""
+    """The preflight of the machine limit keys (one LaunchError naming the key)."""
     mem, cpus = cl.get("memory_per_machine"), cl.get("cpus_per_machine")
-    if mem is None and cpus is None:
+    if mem is None and cpus is None and not cl.get("memory_accounting"):
         return
-    key = "cluster.memory_per_machine" if mem is not None else "cluster.cpus_per_machine"
+    key = ("cluster.memory_per_machine" if mem is not None else "cluster.cpus_per_machine"
+           if cpus is not None else "cluster.memory_accounting")
     if cl.kind != "netns":
         raise LaunchError(f"{key}: only cluster=netns machines can be limited (cgroups per "
                           f"machine); remove it for cluster={cl.kind}")
@@ -180,21 +182,24 @@ def cleanup_stale() -> List[str]:
 class MachineLimits:
     """`with MachineLimits(k, memory="4G", cpus=0.5) as lim:` k machines' cgroups, removed on exit."""
 
-    def __init__(self, machines: int, memory: Optional[str] = None, cpus: Optional[float] = None):
+    def __init__(self, machines: int, memory: Optional[str] = None, cpus: Optional[float] = None,
+                 accounting: bool = False):
         self.k = machines
         self.memory = parse_size(memory) if memory is not None else None
         self.cpus = float(cpus) if cpus is not None else None
+        # a memory cgroup per machine without a limit: its peak and split only
+        self.accounting = accounting
         self.dirs: Dict[str, List[str]] = {}  # controller -> one directory per machine
         self._procs: List[str] = []  # per machine, the cgroup.procs files to write a pid into
         self.splits: List[MachineSplit] = []  # per machine, its memory at its highest sample
 
     @property
     def active(self) -> bool:
-        return self.memory is not None or self.cpus is not None
+        return self.memory is not None or self.cpus is not None or self.accounting
 
     def controllers(self) -> List[str]:
-        return [c for c, on in (("memory", self.memory is not None), ("cpu", self.cpus is not None))
-                if on]
+        return [c for c, on in (("memory", self.memory is not None or self.accounting),
+                                ("cpu", self.cpus is not None)) if on]
 
     def __enter__(self) -> "MachineLimits":
         try:
@@ -211,7 +216,9 @@ class MachineLimits:
         for c in self.controllers():
             probe = {"memory": "memory.limit_in_bytes", "cpu": "cpu.cfs_quota_us"}[c]
             if not os.path.isfile(os.path.join(ROOT, c, probe)):
-                raise LaunchError(f"cluster.{'memory' if c == 'memory' else 'cpus'}_per_machine needs "
+                key = ("memory_per_machine" if self.memory is not None else "memory_accounting"
+                       ) if c == "memory" else "cpus_per_machine"
+                raise LaunchError(f"cluster.{key} needs "
                                   f"the cgroup v1 {c} controller mounted at {ROOT}/{c} (not found); "
                                   f"remove the key or mount it")
         cleanup_stale()
@@ -228,7 +235,9 @@ class MachineLimits:
                                       f"({e.strerror}): machine limits need root and a writable "
                                       f"cgroup v1 {c} hierarchy") from None
                 self.dirs[c].append(d)
-                if c == "memory":
+                if c == "memory" and self.memory is None:
+                    pass  # accounting only: the cgroup's default, no limit
+                elif c == "memory":
                     _write(os.path.join(d, "memory.limit_in_bytes"), self.memory)
                     try:  # swap accounting, where the kernel has it
                         _write(os.path.join(d, "memory.memsw.limit_in_bytes"), self.memory)
@@ -290,6 +299,8 @@ class MachineLimits:
         parts = []
         if self.memory is not None:
             parts.append(f"{fmt_size(self.memory)} of memory")
+        elif self.accounting:
+            parts.append("memory accounted, not limited")
         if self.cpus is not None:
             parts.append(f"{self.cpus:g} CPUs")
         return " and ".join(parts) + " per machine (cgroups)"
