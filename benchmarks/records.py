@@ -28,6 +28,9 @@ from . import CHECKOUT, RECORDS_DIR
 # a summary value that is not a scalar is kept when its JSON is at most this long (fan-outs,
 # per-epoch times, a phase breakdown); longer ones (per-process peaks) stay in summary.json
 MAX_VALUE_CHARS = 600
+# kept whatever their length: bench=scale's columns read them (one entry a machine: 8 machines'
+# memory splits are about 850 characters)
+KEPT_LONG = ("machine_memory_split_mb", "machine_peak_per_share", "machine_fixed_mb")
 # the setting of a run besides its overrides: what the record keeps of the run's config.yaml
 CONFIG_KEYS = {"model": ("name", "layers", "hidden", "fanouts"),
                "train": ("batch_size", "lr", "epochs", "patience", "min_delta", "time_limit_s", "target_val", "seed"),
@@ -145,7 +148,7 @@ def make_record(s: dict, bench: str, suite: str, repeat: int, order: int, invoca
     settings = {group: {k: (cfg.get(group) or {}).get(k) for k in keys if k in (cfg.get(group) or {})}
                 for group, keys in CONFIG_KEYS.items()}
     settings["pipeline"] = {k: v for k, v in (cfg.get("pipeline") or {}).items() if _small(v)}
-    summary = {k: v for k, v in s.items() if not k.startswith("_") and _small(v)}
+    summary = {k: v for k, v in s.items() if not k.startswith("_") and (_small(v) or k in KEPT_LONG)}
     summary.setdefault("bandwidth", settings["cluster"].get("bandwidth"))
     summary.setdefault("cpus_per_machine", settings["cluster"].get("cpus_per_machine"))
     summary.setdefault("partition_method", settings["partition"].get("method"))

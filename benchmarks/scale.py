@@ -49,6 +49,15 @@ def _mib(v) -> Optional[float]:
     return None if v is None else v / 2**20
 
 
+def _at_peak(key: str) -> Callable[[dict], Optional[float]]:
+    """A part of the memory split (`machine_memory_split_mb`) of the run's machine with the
+    highest peak: what that peak was made of."""
+    def value(s: dict) -> Optional[float]:
+        split = [m for m in s.get("machine_memory_split_mb") or () if m and m.get("peak") is not None]
+        return max(split, key=lambda m: m["peak"])[key] if split else None
+    return value
+
+
 # (column, unit, the value of a run): every quantity of the ladder table and the fits
 QUANTITIES: List[Tuple[str, str, Callable[[dict], Optional[float]]]] = [
     ("partition", "s", lambda s: s.get("partition_s")),
@@ -60,6 +69,11 @@ QUANTITIES: List[Tuple[str, str, Callable[[dict], Optional[float]]]] = [
     ("server peak", "MiB", lambda s: s.get("peak_rss_mb_server")),
     ("trainer peak", "MiB", lambda s: s.get("peak_rss_mb_trainer")),
     ("machine peak", "MiB", lambda s: _max(s.get("machine_peak_memory_mb"))),
+    ("its process", "MiB", _at_peak("process")),
+    ("its shmem", "MiB", _at_peak("shmem")),
+    ("its page cache", "MiB", _at_peak("page_cache")),
+    ("peak / share", "x", lambda s: _max(s.get("machine_peak_per_share"))),
+    ("fixed part", "MiB", lambda s: _max(s.get("machine_fixed_mb"))),
     ("epoch / round", "s", lambda s: s.get("epoch_time_s")),
     ("evaluation", "s", median_eval_s),
     ("wire per batch", "KiB", lambda s: None if s.get("net_bytes_per_batch") is None
@@ -143,8 +157,12 @@ def scale_section(runs: List[dict], results: Path, plot: Callable) -> List[str]:
            "RSS, the whole graph included). Set-up: before the first training batch (slowest "
            "trainer; bytes degnn counted and bytes the links sent, all trainers; largest trainer's "
            "peak RSS). Server / trainer peak: the "
-           "largest process of each kind over the run; machine peak: the largest machine's cgroup "
-           "(with a memory limit). Epoch: one epoch of the run's batches (TMA: a round). "
+           "largest process of each kind over the run (peak RSS: shared memory counted in every "
+           "process that maps it); machine peak: the largest machine's cgroup (with a memory "
+           "limit), and its process / shmem / page cache: what that machine held of each at the "
+           "launcher's sample of its highest usage (the kernel's memory besides). Peak / share: "
+           "the largest machine peak over the graph's share of a machine (its partition files / "
+           "machines); fixed part: the largest of a machine's peak less its own part's files. Epoch: one epoch of the run's batches (TMA: a round). "
            "Evaluation: the median evaluation. Wire per batch: bytes the machines' links sent per "
            "training step.", ""]
     cols = [f"{q} ({u})" for q, u, _ in QUANTITIES]

@@ -174,6 +174,9 @@ class ClusterConfig:
     # trainers together, through cgroups (docs/design.md, "Machine limits"); null = the host's
     memory_per_machine: Optional[str] = None
     cpus_per_machine: Optional[float] = None
+    # netns: a memory cgroup per machine even without memory_per_machine, no limit: the machines'
+    # peaks and what they were made of in the summary (docs/design.md, "Honest memory")
+    memory_accounting: bool = False
     # seconds between SIGTERM and SIGKILL when the cluster is stopped (fault, Ctrl-C, the end)
     stop_grace_s: float = 5.0
     # a trainer or server without progress (its heartbeat) for this long is named and the run

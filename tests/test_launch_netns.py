@@ -266,6 +266,34 @@ def test_real_distdgl_run(tmp_path):
     assert s["memory_per_machine_mb"] == 2048 and s["cpus_per_machine"] == 1
     assert 0 <= s["cpu_throttled_share"] <= 1, s  # the machines have a CPU quota
     assert all(100 < m <= 2048 for m in s["machine_peak_memory_mb"]), s
+    # honest memory (degnn/launch/memory.py): each machine's memory split by kind at its highest
+    # sampled usage; the parts add up to that sample, which is at most the kernel's peak (1 MiB:
+    # rounding, and memory.stat is read a moment after the usage)
+    split, part = s["machine_memory_split_mb"], s["machine_partition_mb"]
+    assert len(split) == len(part) == 2, s
+    for m in range(2):
+        sp = split[m]
+        assert sp["peak"] == s["machine_peak_memory_mb"][m], s
+        assert sp["process"] + sp["shmem"] + sp["page_cache"] + sp["kernel"] <= sp["sampled"] + 1, s
+        # sampled while the machine was up, near its peak (measured: within 1 MiB of it)
+        assert 0.8 * sp["peak"] <= sp["sampled"] <= sp["peak"] + 1 and sp["process"] > 100, s
+        # the machine's servers copy its part's node data into its /dev/shm, charged to it
+        assert sp["shmem"] >= part[m]["features"] > 0, s
+    share = s["graph_mb"] / 2
+    assert s["graph_mb"] == pytest.approx(sum(p["structure"] + p["features"] for p in part), abs=0.2), s
+    assert s["graph_share_mb"] == pytest.approx(share, abs=0.1), s
+    for m in range(2):
+        peak = s["machine_peak_memory_mb"][m]
+        assert s["machine_peak_per_share"][m] == pytest.approx(peak / share, rel=0.02), s
+        assert s["machine_fixed_mb"][m] == pytest.approx(peak - part[m]["structure"] - part[m]["features"], abs=0.2), s
+    # per process: USS <= PSS <= RSS; a trainer maps its server's shared partition and the
+    # libraries every process maps, so its PSS is well below its RSS (measured: 0.78-0.79 of it;
+    # its RSS sampled in place of PSS would be near its peak RSS)
+    pss, uss = s["peak_pss_mb_per_process"], s["peak_uss_mb_per_process"]
+    assert sorted(pss) == sorted(uss) == sorted(peaks), s
+    for name in peaks:
+        assert 0 < uss[name] <= pss[name] <= peaks[name], (name, s)
+    assert all(pss[t] < 0.9 * peaks[t] for t in ("trainer0", "trainer1")), s
     assert s["setup_s"] > 0 and s["setup_net_bytes"] > 0 and s["setup_bytes"] >= 0, s
     assert 50 < s["setup_peak_rss_mb"] <= s["peak_rss_mb_trainer"], s
     # DDP's mechanism: every trainer stepped on the same averaged gradients, so both end with

@@ -141,3 +141,19 @@ def test_the_partitioner_records_its_load_time_and_peak_and_the_launcher_copies_
     assert len(stats["graph_digest"]) == len(stats["assignment_digest"]) == 16
     (part_config.parent / "stats.json").unlink()  # a partition made elsewhere: nothing to copy
     assert set(partition_keys(plan).values()) == {None}
+
+
+def test_the_ladder_shows_the_largest_machines_split_its_ratio_and_fixed_part():
+    from benchmarks.scale import QUANTITIES
+
+    s = {"machine_peak_memory_mb": [900.0, 1000.0],
+         "machine_memory_split_mb": [{"peak": 900.0, "sampled": 890.0, "process": 500.0, "shmem": 300.0,
+                                      "page_cache": 80.0, "kernel": 10.0},
+                                     {"peak": 1000.0, "sampled": 990.0, "process": 550.0, "shmem": 350.0,
+                                      "page_cache": 70.0, "kernel": 20.0}],
+         "machine_peak_per_share": [2.25, 2.5], "machine_fixed_mb": [500.0, 580.0]}
+    got = {q: f(s) for q, _, f in QUANTITIES}
+    # the split is the one of the machine with the highest peak (machine 1)
+    assert (got["machine peak"], got["its process"], got["its shmem"], got["its page cache"]) == (1000, 550, 350, 70)
+    assert got["peak / share"] == 2.5 and got["fixed part"] == 580
+    assert all(f({}) is None for q, _, f in QUANTITIES if q.startswith("its "))  # no limit, no split

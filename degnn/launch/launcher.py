@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from .limits import MachineLimits
+from .memory import graph_keys, part_bytes
 from .netns import NetnsCluster
 from degnn.metrics import progress_of, result_line, write_json_atomic
 from degnn.runtime.cluster import machines_of
@@ -302,16 +303,27 @@ def partition_keys(plan: Plan) -> dict:
             "partition_streamed": stats.get("streamed")}
 
 
-def launcher_keys(sup: Supervisor, limits: MachineLimits) -> dict:
+def launcher_keys(sup: Supervisor, limits: MachineLimits, plan: Plan) -> dict:
     """The launcher's summary keys of memory: every process's peak RSS (servers included;
-    `peak_rss_mb_server` their largest), and with machine limits the limits and each machine's
-    peak (its cgroup's max usage)."""
+    `peak_rss_mb_server` their largest) and, where its pid is on this host (local, netns), peak
+    PSS and USS; with machine limits the limits, each machine's peak (its cgroup's max usage)
+    and its split; the graph's share of a machine and, with memory limits, each machine's peak
+    against it (memory.graph_keys)."""
     peaks = sup.peaks_mb()
     servers = [v for k, v in peaks.items() if k.startswith("server") and v is not None]
+    sets = sup.sets_mb()
     out = {"peak_rss_mb_per_process": peaks or None,
-           "peak_rss_mb_server": max(servers) if servers else None}
+           "peak_rss_mb_server": max(servers) if servers else None,
+           "peak_pss_mb_per_process": sets.get("pss"), "peak_uss_mb_per_process": sets.get("uss")}
     if limits.dirs:
         out.update(limits.summary())
+    machine_peaks = ([limits.peak_bytes(i) for i in range(limits.k)] if "memory" in limits.dirs
+                     else None)
+    try:
+        parts = part_bytes(plan.procs[0].env["DGL_CONF_PATH"])
+    except (KeyError, IndexError):
+        parts = None
+    out.update(graph_keys(parts, machine_peaks))
     return out
 
 
@@ -323,7 +335,7 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
         on_stop = on_kill = None
         counters = None
         limits = MachineLimits(len(plan.machines), cl.get("memory_per_machine"),
-                               cl.get("cpus_per_machine"))
+                               cl.get("cpus_per_machine"), bool(cl.get("memory_accounting")))
         if cl.kind == "netns":
             net = NetnsCluster(len(plan.machines), cl.subnet, cl.bandwidth)
             up = lambda: [f"netns machines {', '.join(net.ns)} and bridge {net.bridge}"]
@@ -406,7 +418,8 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
                          # the hang timeout (cluster.hang_timeout_s=0: e.g. under a debugger)
                          stopped_limit_s=STOPPED_LIMIT_S if cl.hang_timeout_s else 0,
                          enter=(lambda p: limits.enter(p.machine)) if limits.dirs else None,
-                         limits=limits if limits.dirs else None)
+                         limits=limits if limits.dirs else None,
+                         sample_sets=cl.kind in ("local", "netns"))
         signals.leftovers.append(lambda: [f"processes {', '.join(sup.left_running())}"]
                                  if sup.left_running() else [])
         say(f"{len(plan.procs)} processes ({len(plan.servers())} servers, "
@@ -415,7 +428,7 @@ def _run(cfg, plan: Plan, run_dir: str, out, signals: Signals) -> int:
         if cl.kind == "slurm" and not outcome.ok:
             outcome.message = slurm.ended_note(job) + outcome.message
         end = counters() if counters else None
-        extra = {**launcher_keys(sup, limits), **partition_keys(plan)}
+        extra = {**launcher_keys(sup, limits, plan), **partition_keys(plan)}
         say(f"{len(plan.procs)} processes started in {outcome.started_s:.2f}s, "
             f"stopped in {outcome.stop_s:.2f}s")
     if not outcome.ok:

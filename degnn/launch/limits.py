@@ -1,5 +1,6 @@
 """Machines with their own memory and CPU: `cluster.memory_per_machine`, `cluster.cpus_per_machine`
-(cluster=netns; docs/design.md, "Machine limits").
+(cluster=netns; docs/design.md, "Machine limits"); `cluster.memory_accounting` gives every machine a
+memory cgroup without a limit, for its peak and split only.
 
 Machine i gets one cgroup `degnn<launcher pid>m<i>` in the cgroup v1 `memory` and `cpu`
 hierarchies, created under the launcher's own cgroup (so the host's limits on the launcher still
@@ -9,8 +10,10 @@ server and trainer of the machine is moved into its cgroups between fork and exe
 what it allocates, the DGL shared memory it fills included, is charged to its machine. The kernel
 enforces the limit: a machine over its memory has one of its processes killed by the OOM killer,
 counted in the cgroup's `memory.oom_control` (`oom_kill`); `memory.max_usage_in_bytes` is the
-machine's peak. The cgroups are removed with the cluster, and those of launchers that are gone by
-the next launch and `--cleanup` (`cleanup_stale`).
+machine's peak. The kernel keeps no record of what the peak was made of, so the supervisor's poll
+samples each machine's `memory.usage_in_bytes` and `memory.stat` (`sample_memory`) and the split
+at the highest sample is reported (degnn/launch/memory.py). The cgroups are removed with the
+cluster, and those of launchers that are gone by the next launch and `--cleanup` (`cleanup_stale`).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from typing import Dict, List, Optional
 
 from degnn.proc import pid_alive
 
+from .memory import MachineSplit
 from .plan import LaunchError
 
 ROOT = "/sys/fs/cgroup"
@@ -51,11 +55,12 @@ def fmt_size(n: Optional[float]) -> str:
 
 
 def check_limits(cl) -> None:
-    """The preflight of the two keys (one LaunchError naming the key)."""
+    """The preflight of the machine limit keys (one LaunchError naming the key)."""
     mem, cpus = cl.get("memory_per_machine"), cl.get("cpus_per_machine")
-    if mem is None and cpus is None:
+    if mem is None and cpus is None and not cl.get("memory_accounting"):
         return
-    key = "cluster.memory_per_machine" if mem is not None else "cluster.cpus_per_machine"
+    key = ("cluster.memory_per_machine" if mem is not None else "cluster.cpus_per_machine"
+           if cpus is not None else "cluster.memory_accounting")
     if cl.kind != "netns":
         raise LaunchError(f"{key}: only cluster=netns machines can be limited (cgroups per "
                           f"machine); remove it for cluster={cl.kind}")
@@ -96,6 +101,14 @@ def _read_int(path: str) -> Optional[int]:
         with open(path) as f:
             return int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_text(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
         return None
 
 
@@ -169,20 +182,24 @@ def cleanup_stale() -> List[str]:
 class MachineLimits:
     """`with MachineLimits(k, memory="4G", cpus=0.5) as lim:` k machines' cgroups, removed on exit."""
 
-    def __init__(self, machines: int, memory: Optional[str] = None, cpus: Optional[float] = None):
+    def __init__(self, machines: int, memory: Optional[str] = None, cpus: Optional[float] = None,
+                 accounting: bool = False):
         self.k = machines
         self.memory = parse_size(memory) if memory is not None else None
         self.cpus = float(cpus) if cpus is not None else None
+        # a memory cgroup per machine without a limit: its peak and split only
+        self.accounting = accounting
         self.dirs: Dict[str, List[str]] = {}  # controller -> one directory per machine
         self._procs: List[str] = []  # per machine, the cgroup.procs files to write a pid into
+        self.splits: List[MachineSplit] = []  # per machine, its memory at its highest sample
 
     @property
     def active(self) -> bool:
-        return self.memory is not None or self.cpus is not None
+        return self.memory is not None or self.cpus is not None or self.accounting
 
     def controllers(self) -> List[str]:
-        return [c for c, on in (("memory", self.memory is not None), ("cpu", self.cpus is not None))
-                if on]
+        return [c for c, on in (("memory", self.memory is not None or self.accounting),
+                                ("cpu", self.cpus is not None)) if on]
 
     def __enter__(self) -> "MachineLimits":
         try:
@@ -199,7 +216,9 @@ class MachineLimits:
         for c in self.controllers():
             probe = {"memory": "memory.limit_in_bytes", "cpu": "cpu.cfs_quota_us"}[c]
             if not os.path.isfile(os.path.join(ROOT, c, probe)):
-                raise LaunchError(f"cluster.{'memory' if c == 'memory' else 'cpus'}_per_machine needs "
+                key = ("memory_per_machine" if self.memory is not None else "memory_accounting"
+                       ) if c == "memory" else "cpus_per_machine"
+                raise LaunchError(f"cluster.{key} needs "
                                   f"the cgroup v1 {c} controller mounted at {ROOT}/{c} (not found); "
                                   f"remove the key or mount it")
         cleanup_stale()
@@ -216,7 +235,9 @@ class MachineLimits:
                                       f"({e.strerror}): machine limits need root and a writable "
                                       f"cgroup v1 {c} hierarchy") from None
                 self.dirs[c].append(d)
-                if c == "memory":
+                if c == "memory" and self.memory is None:
+                    pass  # accounting only: the cgroup's default, no limit
+                elif c == "memory":
                     _write(os.path.join(d, "memory.limit_in_bytes"), self.memory)
                     try:  # swap accounting, where the kernel has it
                         _write(os.path.join(d, "memory.memsw.limit_in_bytes"), self.memory)
@@ -227,6 +248,7 @@ class MachineLimits:
                     _write(os.path.join(d, "cpu.cfs_quota_us"), max(1000, int(self.cpus * period)))
         self._procs = [[os.path.join(self.dirs[c][i], "cgroup.procs") for c in self.dirs]
                        for i in range(self.k)]
+        self.splits = [MachineSplit() for _ in range(self.k)]
 
     def down(self) -> None:
         for dirs in self.dirs.values():
@@ -259,6 +281,13 @@ class MachineLimits:
             return None
         return _read_int(os.path.join(self.dirs["memory"][machine], "memory.max_usage_in_bytes"))
 
+    def sample_memory(self) -> None:
+        """One sample of every machine's usage and its make-up (the supervisor calls it at every
+        poll); each machine keeps the sample of its highest usage."""
+        for d, kept in zip(self.dirs.get("memory", ()), self.splits):
+            kept.observe(_read_int(os.path.join(d, "memory.usage_in_bytes")),
+                         _read_text(os.path.join(d, "memory.stat")))
+
     def oom_kills(self, machine: int) -> int:
         return _oom_kills(self.dirs["memory"][machine]) if "memory" in self.dirs else 0
 
@@ -270,6 +299,8 @@ class MachineLimits:
         parts = []
         if self.memory is not None:
             parts.append(f"{fmt_size(self.memory)} of memory")
+        elif self.accounting:
+            parts.append("memory accounted, not limited")
         if self.cpus is not None:
             parts.append(f"{self.cpus:g} CPUs")
         return " and ".join(parts) + " per machine (cgroups)"
@@ -281,6 +312,9 @@ class MachineLimits:
         peaks = [self.peak_bytes(i) for i in range(self.k)]
         out["machine_peak_memory_mb"] = ([round(p / 2**20, 1) if p is not None else None for p in peaks]
                                          if "memory" in self.dirs else None)
+        # what each peak was made of, at the poll that saw the machine's highest usage
+        out["machine_memory_split_mb"] = ([kept.mb(p) for kept, p in zip(self.splits, peaks)]
+                                          if "memory" in self.dirs else None)
         # how CPU-bound the machines were, over the whole run (set-up and evaluation included):
         # the share of CFS periods in which a machine used up its quota (a trainer cannot read its
         # cgroup: `ip netns exec` gives it a /sys without the cgroup mounts)

@@ -38,6 +38,7 @@ from degnn.runtime.rendezvous import PIDS_ENV
 
 from .faults import disk_note, first_error, is_banner, killed_rss_kb, oom_counts, oom_note
 from .hang import STOPPED_LIMIT_S, HangWatch, StopWatch, process_state
+from .memory import sets_kb
 from .plan import Plan, Proc, child_env
 
 
@@ -129,6 +130,9 @@ class Running:
     peak_kb: Optional[int] = None
     floor_kb: int = 0
     final: bool = False  # the peak it left at exit has been read
+    # peak proportional and unique set sizes (KiB), sampled while it runs (memory.py)
+    peak_pss_kb: Optional[int] = None
+    peak_uss_kb: Optional[int] = None
 
     @property
     def rc(self) -> Optional[int]:
@@ -165,6 +169,15 @@ class Running:
             if left:
                 self.peak_kb = max(self.peak_kb or 0, left)
         return self.peak_kb
+
+
+    def sample_sets(self) -> None:
+        """PSS and USS now, from /proc/<pid>/smaps_rollup (while it runs); their peaks kept."""
+        if self.popen.returncode is None:
+            got = sets_kb(self.popen.pid)
+            if got is not None:
+                self.peak_pss_kb = max(self.peak_pss_kb or 0, got[1])
+                self.peak_uss_kb = max(self.peak_uss_kb or 0, got[2])
 
 
 def vm_hwm_kb(pid: int) -> Optional[int]:
@@ -254,8 +267,11 @@ class Supervisor:
                  tolerate_trainer_faults: bool = False, signals: Optional[Signals] = None,
                  enter: Optional[Callable[[Proc], None]] = None, limits=None,
                  local_pids: bool = True, tell_server_pids: bool = False,
-                 stopped_limit_s: float = STOPPED_LIMIT_S):
+                 stopped_limit_s: float = STOPPED_LIMIT_S, sample_sets: bool = False):
         self.plan = plan
+        # whether each poll reads every process's PSS and USS (its pid is the process on this
+        # host: local, netns; not an ssh client's or srun's)
+        self.sample_sets = sample_sets and local_pids
         # stopped by a signal this long = a fault (0: off; only where the pids are the processes)
         self.stopped_limit_s = stopped_limit_s
         # whether the trainers get the servers' pids (DEGNN_SERVER_PIDS), to find them listening
@@ -325,9 +341,7 @@ class Supervisor:
 
     def stop_all(self, grace_s: float = 5.0) -> None:
         """SIGTERM everything still running, SIGKILL what is left after `grace_s`, reap all."""
-        if self.local_pids:
-            for r in self.running:
-                r.sample_peak()
+        self._sample()
         self._signal_all(signal.SIGTERM)
         # a process stopped by a signal acts on SIGTERM only once resumed (else it waits for SIGKILL)
         self._signal_all(signal.SIGCONT)
@@ -408,6 +422,27 @@ class Supervisor:
         oom = oom_note(r.popen.pid, self._oom0) if rc == -signal.SIGKILL else None
         return describe_rc(rc, oom)
 
+    def _sample(self) -> None:
+        """One poll's memory samples: every process's peak RSS (and PSS, USS), every machine's
+        memory split (limits.MachineLimits.sample_memory)."""
+        if self.local_pids:
+            for r in self.running:
+                r.sample_peak()
+                if self.sample_sets:
+                    r.sample_sets()
+        if self.limits is not None:
+            self.limits.sample_memory()
+
+    def sets_mb(self) -> dict:
+        """{"pss": {name: MiB}, "uss": {name: MiB}}: every process's peak PSS and USS; {} where
+        they were not sampled."""
+        if not self.sample_sets:
+            return {}
+        name = lambda r: f"trainer{r.proc.index}" if r.proc.role == "trainer" else f"server{r.proc.index}"
+        mb = lambda kb: round(kb / 1024, 1) if kb else None
+        return {"pss": {name(r): mb(r.peak_pss_kb) for r in self.running},
+                "uss": {name(r): mb(r.peak_uss_kb) for r in self.running}}
+
     def left_running(self) -> List[str]:
         return [f"{r.proc.name} pid {r.popen.pid}" for r in self.running if r.rc is None]
 
@@ -452,9 +487,7 @@ class Supervisor:
         stops = StopWatch(self.stopped_limit_s) if self.stopped_limit_s and self.local_pids else None
         self._why: Dict[str, str] = {}  # trainer name -> how it died (tolerant policy)
         while True:
-            if self.local_pids:
-                for r in self.running:
-                    r.sample_peak()
+            self._sample()
             failed = []
             for r in self.running:
                 rc = r.rc

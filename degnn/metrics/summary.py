@@ -88,7 +88,10 @@ class RunSummary:
 # keys only the launcher writes (after the trainers, or instead of them when the run failed)
 LAUNCHER_KEYS = ("net_tx_bytes_per_machine", "net_rx_bytes_per_machine", "trainers_died",
                  "stopped_by", "failed_process", "peak_rss_mb_per_process", "peak_rss_mb_server",
+                 "peak_pss_mb_per_process", "peak_uss_mb_per_process",
                  "memory_per_machine_mb", "cpus_per_machine", "machine_peak_memory_mb",
+                 "machine_memory_split_mb", "graph_mb", "graph_share_mb", "machine_partition_mb",
+                 "machine_peak_per_share", "machine_fixed_mb",
                  "partition_s", "partition_load_s", "partition_peak_rss_mb", "partition_edge_cut_fraction",
                  "graph_digest", "partition_digest", "partition_streamed")
 
