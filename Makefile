@@ -29,8 +29,12 @@ setup: $(STAMP)
 demo: setup
 	$(VPY) -m degnn.demo $(ARGS)
 
+# two workers, each taking whole test files (a file's cluster tests share its fixed subnet and
+# ports): a cluster test leaves a third of the 2 cores idle while processes start and wait
+TEST_WORKERS ?= 2
+
 test: setup
-	$(VPY) -m pytest -q tests
+	$(VPY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
 # each bench config writes its own report under benchmarks/results/
 BENCHES ?= headline target default parity tma lamp link

@@ -549,8 +549,8 @@ def test_ctrl_c_while_torch_imports_is_one_line(tmp_path):
         while time.monotonic() < deadline and p.poll() is None and not torch_loading():
             time.sleep(0.01)
         assert p.poll() is None, "the launcher was gone before torch loaded"
-        presses = 0
-        while p.poll() is None and presses < 25:
+        presses, until = 0, time.monotonic() + budget(20)  # a loaded host imports torch for longer
+        while p.poll() is None and time.monotonic() < until:
             p.send_signal(signal.SIGINT)
             presses += 1
             time.sleep(0.2)
