@@ -450,22 +450,28 @@ def test_a_kernel_oom_kill_says_so(part, tmp_path):
     cg = Path(f"/sys/fs/cgroup/memory/degnn-test-{uuid.uuid4().hex[:8]}")
     try:
         cg.mkdir()
-        (cg / "memory.limit_in_bytes").write_text(str(600 << 20))
     except OSError:
         pytest.skip("no cgroup v1 memory controller to limit here")
     try:
+        join = f"import os, sys; open('{cg}/cgroup.procs', 'w').write(str(os.getpid())); "
+        # what one process of this environment takes once it imported torch and DGL (about 180 MiB
+        # with CI's CPU build of torch, 265 with PyPI's CUDA build): the limit leaves the launcher,
+        # one server and two trainers that much each, plus room, and rank 1 eats past it
+        subprocess.run([PY, "-c", join + "import torch, dgl, degnn.launch"], cwd=REPO, check=True)
+        each = int((cg / "memory.max_usage_in_bytes").read_text()) >> 20
+        limit = 4 * each + 300
+        (cg / "memory.limit_in_bytes").write_text(str(limit << 20))
         swap = cg / "memory.memsw.limit_in_bytes"
         if swap.exists():
             try:
-                swap.write_text(str(600 << 20))
+                swap.write_text(str(limit << 20))
             except OSError:
                 pass
         run_dir = tmp_path / "run"
         # the launcher and its processes run in the limited cgroup; rank 1 eats more than it allows
-        code = f"import os, sys; open('{cg}/cgroup.procs', 'w').write(str(os.getpid())); exec(sys.argv.pop(1))"
-        r = subprocess.run([PY, "-c", code, fake_entry.RUNNER, str(run_dir), part, "cluster=local",
-                            f"cluster.port={free_port()}", "cluster.trainers_per_machine=2"],
-                           cwd=REPO, env={**os.environ, "FAKE_FAIL_RANK": "1", "FAKE_EAT_MB": "2000"},
+        r = subprocess.run([PY, "-c", join + "exec(sys.argv.pop(1))", fake_entry.RUNNER, str(run_dir), part,
+                            "cluster=local", f"cluster.port={free_port()}", "cluster.trainers_per_machine=2"],
+                           cwd=REPO, env={**os.environ, "FAKE_FAIL_RANK": "1", "FAKE_EAT_MB": str(limit + 1000)},
                            capture_output=True, text=True, timeout=budget(90))
         fake_entry.remove_shm_markers(str(run_dir))
         assert r.returncode != 0 and "trainer rank 1 (machine 0) pid" in r.stderr, r.stderr[-3000:]
