@@ -12,6 +12,7 @@ from degnn.models import GNN, build_model
 @pytest.fixture
 def graph():
     torch.manual_seed(0)
+    dgl.seed(0)
     g = dgl.remove_self_loop(dgl.to_bidirected(dgl.rand_graph(60, 300)))
     return g, torch.randn(60, 8)
 
@@ -141,7 +142,7 @@ def _pair(kind, layers=3, dropout=0.5):
 
 def _batch(graph, seeds=torch.arange(0, 60, 4)):
     g, x = graph
-    torch.manual_seed(4)
+    dgl.seed(4)  # DGL's sampler draws from its own generator, not torch's
     input_nodes, _, blocks = dgl.dataloading.NeighborSampler([4, 3, 5]).sample(g, seeds)
     return blocks, x[input_nodes]
 
@@ -170,8 +171,17 @@ def test_backends_same_outputs_gradients_and_step(graph, kind):
     assert grads[0].keys() == grads[1].keys()
     for k in grads[0]:
         torch.testing.assert_close(grads[1][k], grads[0][k], atol=1e-5, rtol=1e-4, msg=lambda m: f"{k}: {m}")
+    # Adam's first step is lr * g / (|g| + eps), about lr times the gradient's sign: where a gradient
+    # is float noise (CI once met 5 of a GAT attention vector's 15 values so, with unseeded batches)
+    # the backends' steps may differ; there the step is bounded, everywhere else it must agree
+    decided = {k: (grads[0][k].abs() > 1e-4) if k in grads[0] else torch.ones_like(v, dtype=torch.bool)
+               for k, v in after[0].items()}
+    assert sum(int(d.sum()) for d in decided.values()) > 0.9 * sum(d.numel() for d in decided.values())
     for k in after[0]:
-        torch.testing.assert_close(after[1][k], after[0][k], atol=1e-5, rtol=1e-4, msg=lambda m: f"{k}: {m}")
+        decided_k = decided[k]
+        torch.testing.assert_close(after[1][k][decided_k], after[0][k][decided_k], atol=1e-5, rtol=1e-4,
+                                   msg=lambda m: f"{k}: {m}")
+        assert (after[1][k] - after[0][k]).abs().max() <= 2 * 0.05 + 1e-6, k
 
 
 @pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
