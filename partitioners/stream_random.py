@@ -12,7 +12,8 @@ looks complete after an interruption). It never holds the edge list or the featu
    spilled to a file of its destination's part (the part's inner edges, in order: their new ids
    are that order) and, when cut, of its source's part (the part's outgoing halo edges);
 3. per part: its spills read back into its graph (inner nodes, then halo nodes; inner edges, then
-   outgoing ones, as DGL's partition_graph_with_halo orders them) and saved with DGL's save_graphs;
+   outgoing ones, as DGL's partition_graph_with_halo orders them) and saved with DGL's save_graphs,
+   and as the CSC arrays degnn's servers map (degnn/part_csc.py);
 4. one pass over each node data field, rows appended to every part's node_feat.dgl.
 
 Step 3 holds one part's graph, which its server holds too; the budget check before it says which
@@ -35,6 +36,7 @@ import numpy as np
 
 from .assign import PartitionError, random_assignment
 from .folder import STATS, check_out, folder_lock, install, temp_folder, validate
+from degnn.part_csc import CSC_FILE, write_part_csc
 from degnn.tensor_dict import TensorDictWriter, write_empty
 
 DEFAULT_BUDGET = 2 << 30
@@ -252,6 +254,7 @@ def _write(g, k: int, out: Path, tmp: Path, graph_name: str, seed: int, budget: 
             pg.edata[dgl.EID] = torch.from_numpy(eids)
             (tmp / f"part{p}").mkdir()
             save_graphs(str(tmp / f"part{p}" / "graph.dgl"), [pg])
+            write_part_csc(tmp / f"part{p}" / CSC_FILE, pg)
             write_empty(tmp / f"part{p}" / "edge_feat.dgl")
             del pg, nid, eids, halo_ids
     shutil.rmtree(spill)

@@ -11,6 +11,8 @@ for a homogeneous graph (DGL 1.1.3 layout and field names), so ``load_partition`
                                      (+ "degnn": our own metadata, ignored by DGL)
     <out>/part<i>/graph.dgl          the part with its 1-hop HALO nodes; ndata _ID (new global id),
                                      inner_node, part_id, _TYPE; edata _ID, inner_edge, _TYPE
+    <out>/part<i>/graph_csc.dgl      the same part as CSC arrays, which degnn's graph servers map
+                                     (degnn/part_csc.py); DGL ignores it
     <out>/part<i>/node_feat.dgl      every ndata field of the input, rows of the part's own nodes,
                                      keyed "<ntype>/<name>" (e.g. "_N/feat")
     <out>/part<i>/edge_feat.dgl      every edata field, keyed "<src>:<etype>:<dst>/<name>"
@@ -31,19 +33,9 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from degnn.part_csc import CSC_FILE, reserved_dtypes, write_part_csc
+
 from .assign import PartitionError, structure_graph
-
-
-def _reserved_dtypes():
-    """The dtypes DGL stores its reserved fields in (dgl.distributed.partition.RESERVED_FIELD_DTYPE)."""
-    import torch
-
-    try:
-        from dgl.distributed.partition import RESERVED_FIELD_DTYPE
-
-        return RESERVED_FIELD_DTYPE
-    except ImportError:  # pragma: no cover
-        return {"inner_node": torch.uint8, "inner_edge": torch.uint8, "_ID": torch.int64, "_TYPE": torch.int32}
 
 
 LINK_SPLIT = "link_split.pt"
@@ -167,7 +159,7 @@ def write_partitions(
         }
         del p.ndata["orig_id"]
         del p.edata["orig_id"]
-        for k, dt in _reserved_dtypes().items():
+        for k, dt in reserved_dtypes().items():
             if k in p.ndata:
                 p.ndata[k] = p.ndata[k].to(dt)
             if k in p.edata:
@@ -177,6 +169,7 @@ def write_partitions(
         save_tensors(str(pdir / "node_feat.dgl"), node_feats)
         save_tensors(str(pdir / "edge_feat.dgl"), edge_feats)
         save_graphs(str(pdir / "graph.dgl"), [p])
+        write_part_csc(pdir / CSC_FILE, p)
         meta[f"part-{i}"] = {
             "node_feats": f"part{i}/node_feat.dgl",
             "edge_feats": f"part{i}/edge_feat.dgl",

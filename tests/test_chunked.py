@@ -63,7 +63,9 @@ def test_streamed_partition_equals_in_memory(small, tmp_path):
 
     from degnn.data import load_dataset
     from partitioners.folder import CHECKSUMS, damage, is_complete, partition_graph
+    from degnn.runtime.mapped_feats import load_part_mapped
     from partitioners.stream_random import partition_chunked
+    from test_partitioners import same_part_graph
 
     cfg = {"name": "cg", "kind": "chunked", "path": str(small), "to_bidirected": False}
     data = load_dataset(cfg)
@@ -100,6 +102,8 @@ def test_streamed_partition_equals_in_memory(small, tmp_path):
             return (sorted(nid[inner]), sorted(nid[~inner]), sorted(eid[ie]),
                     sorted(zip(nid[s.numpy()].tolist(), nid[d.numpy()].tolist(), eid.tolist())))
         assert ids(ps, on_s, oe_s) == ids(pm, on_m, oe_m)
+        # the CSC file a server maps is the part graph of graph.dgl
+        same_part_graph(load_part_mapped(str(st / f"part{i}" / "graph.dgl")), ps)
         # node data: the part's own rows, in its new-id order, are the original rows
         own = on_s[ps.ndata["_ID"].numpy()[ps.ndata["inner_node"].bool().numpy()]]
         assert np.array_equal(fs["_N/feat"].numpy(), feat[own])

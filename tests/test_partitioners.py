@@ -219,6 +219,77 @@ def test_deterministic_given_seed(graph, method):
     assert sa["graph_digest"] == sc["graph_digest"]
 
 
+# ----------------------------------------------------------------------------- a part's CSC file
+def same_part_graph(mapped, saved):
+    """The part graph a server maps from graph_csc.dgl is the one graph.dgl holds: every edge with
+    its id, every ndata and edata field (in the dtype DGL's server casts it to)."""
+    from degnn.part_csc import reserved_dtypes
+
+    assert mapped is not None, "no CSC file beside graph.dgl"
+    assert (mapped.num_nodes(), mapped.num_edges()) == (saved.num_nodes(), saved.num_edges())
+    s, d, e = (t.numpy() for t in saved.edges(form="all"))
+    ms, md, me = (t.numpy() for t in mapped.edges(form="all"))
+    by_id, mby_id = np.argsort(e), np.argsort(me)
+    assert np.array_equal(e[by_id], me[mby_id])
+    assert np.array_equal(s[by_id], ms[mby_id]) and np.array_equal(d[by_id], md[mby_id])
+    for mine, theirs in ((mapped.ndata, saved.ndata), (mapped.edata, saved.edata)):
+        assert sorted(mine) == sorted(theirs)
+        for k, v in theirs.items():
+            want = v.to(reserved_dtypes()[k]) if k in reserved_dtypes() else v
+            assert mine[k].dtype == want.dtype and torch.equal(mine[k], want), k
+
+
+@pytest.mark.parametrize("method", ["random", "metis"])
+def test_each_part_has_a_csc_file_of_its_graph(parted, method):
+    from degnn.runtime.mapped_feats import load_part_mapped
+
+    for i in range(3):
+        f = str(Path(parted[method, 3]).parent / f"part{i}" / "graph.dgl")
+        same_part_graph(load_part_mapped(f), dgl.load_graphs(f)[0][0])
+
+
+SERVER_LOAD = r"""
+import json, os, sys
+def heap_mb():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("RssAnon")).split()[1]) >> 10
+import dgl, torch
+from dgl.distributed import dist_graph, partition
+if sys.argv[2] == "mapped":
+    from degnn.runtime import mapped_feats
+    mapped_feats.install()
+base = heap_mb()
+# what DGL's DistGraphServer does with its part's graph before it serves (graph_format csc)
+g = partition.load_partition(sys.argv[1], 0, load_feats=False)[0]
+loaded = heap_mb()
+g = g.formats("csc")
+g.create_formats_()
+formats = heap_mb()
+shared = dist_graph._copy_graph_to_shared_mem(g, f"csc-test-{os.getpid()}", "csc")
+print(json.dumps({"loaded": loaded - base, "formats": formats - base, "copied": heap_mb() - base,
+                  "edges": shared.num_edges()}))
+"""
+
+
+def test_a_server_holds_its_parts_structure_once(tmp_path):
+    # 50k nodes, 1M edges in 2 parts: a part's structure is about 20 MB, well above the heap's noise
+    big = planted_graph(n=50_000, deg=20, seed=2)
+    j = partition_graph(big, "random", 2, tmp_path / "p", "big", seed=0)
+    csc_mb = (tmp_path / "p" / "part0" / "graph_csc.dgl").stat().st_size / 2**20
+
+    def load(how):
+        r = subprocess.run([sys.executable, "-c", SERVER_LOAD, str(j), how], cwd=REPO, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    mapped, dgls = load("mapped"), load("dgl")
+    assert mapped["edges"] == dgls["edges"] > 500_000
+    # DGL's own load holds graph.dgl (the part's COO and its fields) in the heap, then its CSC
+    assert dgls["loaded"] > 0.8 * csc_mb and dgls["formats"] > 0.8 * csc_mb, (dgls, csc_mb)
+    # the mapped graph's arrays are file pages: the heap grows by a fraction of the part at most
+    assert max(mapped[k] for k in ("loaded", "formats", "copied")) < 0.15 * csc_mb, (mapped, csc_mb)
+
+
 # ----------------------------------------------------------------------------- bad input
 def _no_temp_left(out: Path):
     return not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.tmp-")]

@@ -1,11 +1,15 @@
-"""Graph servers that load a part's node features without a second copy in memory.
+"""Graph servers that load a part's structure and node features without a second copy in memory.
 
-DGL's `DistGraphServer` reads `node_feat.dgl` whole into the heap (`load_tensors`) and then copies
-every tensor into shared memory, so while it starts a server holds its features twice: a server
-loading a quarter of bench=scale's 4M graph was killed by a 1.6 GiB memory cgroup, and loads under
-1.45 GiB this way. Here the
-server reads the same file through `numpy.memmap` instead: the copy into shared memory pages the
-file in from the page cache, which the kernel can reclaim, so only the shared-memory copy stays.
+Structure: a part written by degnn has its CSC arrays beside graph.dgl (degnn/part_csc.py); the
+server builds its graph over a memory map of them instead of loading graph.dgl into its heap and
+building the CSC there, so its copy into shared memory reads page cache (load_part_mapped).
+
+Node features: DGL's `DistGraphServer` reads `node_feat.dgl` whole into the heap (`load_tensors`)
+and then copies every tensor into shared memory, so while it starts a server holds its features
+twice: a server loading a quarter of bench=scale's 4M graph was killed by a 1.6 GiB memory cgroup,
+and loads under 1.45 GiB this way. Here the server reads the same file through `numpy.memmap`
+instead: the copy into shared memory pages the file in from the page cache, which the kernel can
+reclaim, so only the shared-memory copy stays.
 
 The file layout read here is DGL's tensor-dict format (degnn/tensor_dict.py lays it out).
 Any file that does not parse exactly (another DGL version, a type this does not know, a size that
@@ -97,10 +101,26 @@ def load_tensors_mapped(path: str) -> Optional[Dict[str, "object"]]:
     return out
 
 
+def load_part_mapped(graph_file: str):
+    """The part graph of `graph_file` (a part's graph.dgl) built over a memory map of the CSC file
+    degnn's writers put beside it (degnn/part_csc.py), or None where there is none or it does not
+    parse (DGL then loads graph.dgl, as for a partition made elsewhere)."""
+    from degnn.part_csc import CSC_FILE, graph_from_csc
+
+    path = os.path.join(os.path.dirname(graph_file), CSC_FILE)
+    if not os.path.exists(path):
+        return None
+    tensors = load_tensors_mapped(path)
+    g = graph_from_csc(tensors) if tensors is not None else None
+    if g is not None:
+        log.info("%s: part graph mapped from %s", graph_file, path)
+    return g
+
+
 def install() -> None:
-    """Make this process's DGL partition loading (the graph server's `load_partition_feats`) read
-    tensor files through `load_tensors_mapped`, falling back to DGL's reader; and its load of a
-    part's graph (`load_partition`) name the file where DGL cannot load it."""
+    """Make this process's DGL partition loading read a part's graph through `load_part_mapped` and
+    its tensor files (the graph server's `load_partition_feats`) through `load_tensors_mapped`, each
+    falling back to DGL's reader; and name a part graph file DGL cannot load."""
     from dgl.distributed import partition
 
     dgl_load = partition.load_tensors
@@ -109,6 +129,9 @@ def install() -> None:
     dgl_load_graphs = partition.load_graphs
 
     def load_graphs(filename, idx_list=None):
+        mapped = load_part_mapped(filename) if idx_list is None else None
+        if mapped is not None:
+            return [mapped], {}
         try:
             return dgl_load_graphs(filename, idx_list)
         except Exception as e:  # noqa: BLE001 - DGL's C++ error: several lines of backtrace

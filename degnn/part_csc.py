@@ -1,0 +1,77 @@
+"""A part's graph as its in-edge (CSC) arrays, for a graph server that maps it instead of loading it.
+
+DGL's graph server loads `graph.dgl` whole into its heap (the COO the writer saved), builds the CSC
+it serves from there (a second heap copy), and copies that into shared memory: while it starts it
+holds the part's structure about three times. degnn's partition writers also write the part's CSC
+beside `graph.dgl`, as a DGL tensor-dict file (degnn/tensor_dict.py):
+
+    csc/indptr   int64 [num_nodes + 1]    in-edges of local node v: positions indptr[v]:indptr[v+1]
+    csc/indices  int64 [num_edges]        their source nodes (local ids)
+    csc/eids     int64 [num_edges]        their edge ids (local: rows of the edata arrays)
+    ndata/<name>, edata/<name>            every field of the part graph, in the dtype DGL's server
+                                          casts it to (RESERVED_FIELD_DTYPE)
+
+The server (degnn.runtime.mapped_feats) builds its graph over a memory map of that file (DGL takes
+the arrays without a copy), so the copy into shared memory reads page cache, which the kernel can
+reclaim, and the part stays once, in shared memory. `graph.dgl` is still written: DGL's own tools,
+TMA's trainers and a server without degnn read it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Optional
+
+import numpy as np
+
+from degnn.tensor_dict import TensorDictWriter
+
+CSC_FILE = "graph_csc.dgl"
+INDPTR, INDICES, EIDS = "csc/indptr", "csc/indices", "csc/eids"
+NDATA, EDATA = "ndata/", "edata/"
+
+
+def reserved_dtypes():
+    """The dtypes DGL's graph server casts its reserved fields to (RESERVED_FIELD_DTYPE)."""
+    import torch
+
+    try:
+        from dgl.distributed.partition import RESERVED_FIELD_DTYPE
+
+        return RESERVED_FIELD_DTYPE
+    except ImportError:  # pragma: no cover
+        return {"inner_node": torch.uint8, "inner_edge": torch.uint8, "_ID": torch.int64, "_TYPE": torch.int32}
+
+
+def write_part_csc(path: Path, g) -> None:
+    """Write the part graph `g` (a homogeneous DGLGraph with its ndata and edata) as CSC arrays."""
+    reserved = reserved_dtypes()
+
+    def field(k, v):  # the server casts these; stored cast, its cast copies nothing
+        return (v.to(reserved[k]) if k in reserved else v).numpy()
+
+    indptr, indices, eids = (t.numpy().astype(np.int64, copy=False) for t in g.adj_tensors("csc"))
+    arrays = [(INDPTR, indptr), (INDICES, indices), (EIDS, eids)]
+    arrays += [(NDATA + k, field(k, v)) for k, v in g.ndata.items()]
+    arrays += [(EDATA + k, field(k, v)) for k, v in g.edata.items()]
+    with open(path, "wb") as f:
+        w = TensorDictWriter(f, [(name, a.dtype, a.shape) for name, a in arrays])
+        for _, a in arrays:
+            if len(a):  # the writer passes over an empty array by itself
+                w.append(a)
+
+
+def graph_from_csc(tensors: Dict[str, "object"]) -> Optional["object"]:
+    """The DGLGraph over `tensors` (a CSC file's arrays, e.g. memory-mapped): DGL keeps the arrays it
+    is given, so the graph costs no heap of its own. None where the arrays are not a CSC file's."""
+    import dgl
+
+    if not {INDPTR, INDICES, EIDS} <= set(tensors):
+        return None
+    indptr = tensors[INDPTR]
+    g = dgl.graph(("csc", (indptr, tensors[INDICES], tensors[EIDS])), num_nodes=len(indptr) - 1)
+    for name, t in tensors.items():
+        if name.startswith(NDATA):
+            g.ndata[name[len(NDATA):]] = t
+        elif name.startswith(EDATA):
+            g.edata[name[len(EDATA):]] = t
+    return g
