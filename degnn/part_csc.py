@@ -1,9 +1,10 @@
 """A part's graph as its in-edge (CSC) arrays, for a graph server that maps it instead of loading it.
 
 DGL's graph server loads `graph.dgl` whole into its heap (the COO the writer saved), builds the CSC
-it serves from there (a second heap copy), and copies that into shared memory: while it starts it
-holds the part's structure about three times. degnn's partition writers also write the part's CSC
-beside `graph.dgl`, as a DGL tensor-dict file (degnn/tensor_dict.py):
+it serves beside it, and copies that into shared memory: loading part 0 of a 1M-node graph in 2
+parts its heap peaked at 1.7 times the part's structure besides the shared copy (docs/benchmarks.md,
+"A graph server's own memory"). degnn's partition writers also write the part's CSC beside
+`graph.dgl`, as a DGL tensor-dict file (DGL's save_tensors; degnn/tensor_dict.py describes it):
 
     csc/indptr   int64 [num_nodes + 1]    in-edges of local node v: positions indptr[v]:indptr[v+1]
     csc/indices  int64 [num_edges]        their source nodes (local ids)
@@ -20,10 +21,6 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Dict, Optional
-
-import numpy as np
-
-from degnn.tensor_dict import TensorDictWriter
 
 CSC_FILE = "graph_csc.dgl"
 INDPTR, INDICES, EIDS = "csc/indptr", "csc/indices", "csc/eids"
@@ -44,20 +41,18 @@ def reserved_dtypes():
 
 def write_part_csc(path: Path, g) -> None:
     """Write the part graph `g` (a homogeneous DGLGraph with its ndata and edata) as CSC arrays."""
+    from dgl.data.utils import save_tensors
+
     reserved = reserved_dtypes()
 
     def field(k, v):  # the server casts these; stored cast, its cast copies nothing
-        return (v.to(reserved[k]) if k in reserved else v).numpy()
+        return v.to(reserved[k]) if k in reserved else v
 
-    indptr, indices, eids = (t.numpy().astype(np.int64, copy=False) for t in g.adj_tensors("csc"))
-    arrays = [(INDPTR, indptr), (INDICES, indices), (EIDS, eids)]
-    arrays += [(NDATA + k, field(k, v)) for k, v in g.ndata.items()]
-    arrays += [(EDATA + k, field(k, v)) for k, v in g.edata.items()]
-    with open(path, "wb") as f:
-        w = TensorDictWriter(f, [(name, a.dtype, a.shape) for name, a in arrays])
-        for _, a in arrays:
-            if len(a):  # the writer passes over an empty array by itself
-                w.append(a)
+    indptr, indices, eids = g.adj_tensors("csc")
+    arrays = {INDPTR: indptr, INDICES: indices, EIDS: eids}
+    arrays.update({NDATA + k: field(k, v) for k, v in g.ndata.items()})
+    arrays.update({EDATA + k: field(k, v) for k, v in g.edata.items()})
+    save_tensors(str(path), arrays)
 
 
 def graph_from_csc(tensors: Dict[str, "object"]) -> Optional["object"]:

@@ -16,8 +16,8 @@ looks complete after an interruption). It never holds the edge list or the featu
    and as the CSC arrays degnn's servers map (degnn/part_csc.py);
 4. one pass over each node data field, rows appended to every part's node_feat.dgl.
 
-Step 3 holds one part's graph, which its server holds too; the budget check before it says which
-part does not fit. Within a part, nodes keep their original order (DGL's own sort is not
+Step 3 holds one part's graph (its server later holds it in shared memory); the budget check
+before it says which part does not fit. Within a part, nodes keep their original order (DGL's own sort is not
 stable, so new ids within a part differ from partition_graph's; the parts, halos and counts are
 the same). orig_eids (new edge id -> original) is written as orig_eids.npy, not .pt, so that it is
 never held whole; nothing in degnn reads it.
