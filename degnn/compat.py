@@ -38,8 +38,8 @@ def strip_local_rank(argv: List[str]) -> Tuple[List[str], Optional[int]]:
     return out, local_rank
 
 # what torch.load(weights_only=True) names when it refuses a pickled global: "GLOBAL numpy.x" from
-# torch 2.4 on, "Unsupported class numpy.x" before
-WEIGHTS_ONLY_REFUSED = re.compile(r"(?:GLOBAL|Unsupported class) ([\w.]+)")
+# torch 2.4 on, "Unsupported class numpy.x" before (a builtin: "GLOBAL print", "__builtin__.print")
+WEIGHTS_ONLY_REFUSED = re.compile(r"(?:GLOBAL|Unsupported class) (?:__builtin__\.|builtins\.)?([\w.]+)")
 # whether weights-only loading can be told to accept numpy arrays (safe_globals below): torch>=2.4
 WEIGHTS_ONLY_TAKES_NUMPY = hasattr(torch.serialization, "add_safe_globals")
 

@@ -87,6 +87,26 @@ class FakeGPU(TorchFunctionMode):
         return out
 
 
+def _modes_see_indexing() -> bool:
+    """Whether this torch hands Tensor.__getitem__ to a function mode (torch 2.1 and 2.2 do not: a
+    tensor indexed by another then escapes FakeGPU, and its check reports it as a CPU tensor)."""
+    seen = []
+
+    class Probe(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Probe():
+        torch.arange(3)[torch.tensor([0])]
+    return torch.Tensor.__getitem__ in seen
+
+
+needs_indexing_modes = pytest.mark.skipif(
+    not _modes_see_indexing(), reason=f"torch {torch.__version__} does not hand Tensor.__getitem__ to "
+                                      "function modes: the faked GPU cannot follow indexed tensors")
+
+
 def _cfg(task):
     return OmegaConf.create({"dataset": {"name": "t", "kind": "synthetic", "task": task},
                              "model": {"name": "sage", "layers": 2, "hidden": 8, "fanouts": [3, 3],
@@ -108,6 +128,7 @@ def _model(kind, task):
     return GNN(kind, 5, 8, 3, 2, 0.5, 2, "torch") if task == "node" else build_link_model(cfg, 5)
 
 
+@needs_indexing_modes
 @pytest.mark.parametrize("kind", ["sage", "gcn", "gat"])
 @pytest.mark.parametrize("task_name", ["node", "link"])
 def test_a_local_step_computes_on_the_device_only(kind, task_name):
@@ -127,6 +148,7 @@ def test_a_local_step_computes_on_the_device_only(kind, task_name):
     assert mover.tensors > 0 and mover.bytes >= g.ndata["feat"][batch[0]].numel() * 4
 
 
+@needs_indexing_modes
 @pytest.mark.parametrize("kind", ["sage", "gat"])
 def test_a_lamp_step_computes_on_the_device_only(kind):
     """LAMP's trainer step: the locality-aware blocks, the inner rows and the leaves (halo rows,

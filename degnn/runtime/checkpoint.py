@@ -24,9 +24,10 @@ import errno
 import io
 import os
 import pickle
-import re
 from pathlib import Path
 from typing import Dict, Optional
+
+from degnn.compat import WEIGHTS_ONLY_REFUSED
 
 CHECKPOINT = "checkpoint.pt"
 BEST_MODEL = "best_model.pt"
@@ -104,7 +105,7 @@ def load_checkpoint(path) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        m = re.search(r"GLOBAL ([\w.]+)", str(e))
+        m = WEIGHTS_ONLY_REFUSED.search(str(e))
         if m:
             raise CheckpointError(
                 f"{path} refers to {m.group(1)}, not only to tensors and numbers (refused: loading "
