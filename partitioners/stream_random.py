@@ -17,9 +17,9 @@ looks complete after an interruption). It never holds the edge list or the featu
 4. one pass over each node data field, rows appended to every part's node_feat.dgl.
 
 Step 3 holds one part's graph (its server later holds it in shared memory); the budget check
-before it says which part does not fit. Within a part, nodes keep their original order (DGL's own sort is not
-stable, so new ids within a part differ from partition_graph's; the parts, halos and counts are
-the same). orig_eids (new edge id -> original) is written as orig_eids.npy, not .pt, so that it is
+before it says which part does not fit. Within a part, nodes keep their original order (DGL's own
+sort is not stable, so new ids within a part differ from partition_graph's; the parts, halos and
+counts are the same). orig_eids (new edge id -> original) is written as orig_eids.npy, not .pt, so that it is
 never held whole; nothing in degnn reads it.
 """
 from __future__ import annotations
