@@ -66,3 +66,16 @@ def safe_globals(allowed: list) -> Iterator[None]:
             ser.add_safe_globals(before)
     else:
         yield
+
+
+def copy_graph_to_shared_mem(g, graph_name: str, graph_format):
+    """What DGL's DistGraphServer does to put its part graph into shared memory (a private function
+    of DGL's, called by benchmarks/server_memory.py to load a part as a server does): DGL 2.x adds
+    a `use_graphbolt` argument (False: the DGLGraph path DistDGL's servers take)."""
+    import inspect
+
+    from dgl.distributed import dist_graph
+
+    copy = dist_graph._copy_graph_to_shared_mem
+    extra = {"use_graphbolt": False} if "use_graphbolt" in inspect.signature(copy).parameters else {}
+    return copy(g, graph_name, graph_format, **extra)
