@@ -25,6 +25,7 @@ from typing import List
 
 from degnn.config import CONF_DIR, register_configs
 from degnn.runtime.checkpoint import CheckpointError
+from degnn.startup import resume_collector
 from degnn.compat import strip_local_rank
 from degnn.runtime.console import TqdmLogHandler
 from degnn.runtime.heartbeat import Heartbeat, heartbeat_path, write_peak
@@ -124,6 +125,7 @@ def run_server(cfg, run_dir: Path) -> None:
     from degnn.runtime.rendezvous import shorten_connect_back_wait
 
     shorten_connect_back_wait()  # not DGL's fixed 3 s before it connects back to the trainers
+    resume_collector()  # start-up is over: the server loads its part and serves (degnn/startup.py)
     dgl.distributed.initialize(os.environ["DGL_IP_CONFIG"])  # never returns in a server
 
 

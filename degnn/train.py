@@ -4,7 +4,11 @@ Started by `python -m degnn.launch` or by DGL's own tools/launch.py; see degnn/e
 """
 import sys
 
-from degnn.entry import main
+from degnn.startup import pause_collector
+
+pause_collector()  # until start-up is over (degnn/startup.py)
+
+from degnn.entry import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

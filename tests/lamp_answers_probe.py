@@ -74,4 +74,7 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
+    from degnn.startup import pause_collector
+
+    pause_collector()  # as degnn.train does (degnn/startup.py)
     sys.exit(main(sys.argv[1:]))

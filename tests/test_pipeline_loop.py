@@ -4,10 +4,12 @@ resuming (also into the same run directory), checkpoints that load with weights_
 the resume checks (degnn/runtime/checkpoint.py)."""
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import random
 import socket
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -70,13 +72,13 @@ class Scripted(Pipeline):
         return self.vals[self.epoch - 1], self.tests[self.epoch - 1]
 
 
-def run(run_dir: Path, *overrides, losses=None, vals=None, tests=None):
+def run(run_dir: Path, *overrides, losses=None, vals=None, tests=None, cls=None):
     cfg = cfg_of(*overrides)
     n = 10
     ctx = RunContext(cfg=cfg, run_dir=run_dir, rank=0, world_size=1, local_rank=0, machines=1,
                      part_config=run_dir / "none.json", graph=None, log=logging.getLogger("t"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    p = Scripted(ctx, task_of(cfg), losses or [1.0 / (i + 1) for i in range(n)],
+    p = (cls or Scripted)(ctx, task_of(cfg), losses or [1.0 / (i + 1) for i in range(n)],
                  vals or [0.1 * i for i in range(n)], tests or [0.05 * i for i in range(n)])
     return EpochLoop(p).run()
 
@@ -275,3 +277,37 @@ def test_without_tensorboard_one_info_line_and_no_event_files(tmp_path, monkeypa
     other = tmp_path / "off"
     run(other, "train.epochs=1", "train.tensorboard=false")
     assert not list(other.glob("events.out.tfevents.*"))
+
+
+class _Held:
+    """An object a reference cycle keeps alive (a set-up's temporary graph, say)."""
+
+
+class CycleInSetup(Scripted):
+    """Leaves a reference cycle behind in its set-up and notes whether the collector was on."""
+
+    seen = {}
+
+    def setup(self):
+        super().setup()
+        held = _Held()
+        held.me = held
+        CycleInSetup.seen.update(collector_on=gc.isenabled(), held=weakref.ref(held))
+
+
+def test_the_loop_resumes_the_collector_the_entry_paused_once_set_up_is_done(tmp_path):
+    """degnn.train pauses the garbage collector for start-up (degnn/startup.py); the loop turns it
+    back on after the pipeline's set-up, having freed the cyclic garbage set-up left (frozen, it
+    would never be freed)."""
+    from degnn.startup import pause_collector
+
+    pause_collector()
+    try:
+        s = run(tmp_path, "train.epochs=1", cls=CycleInSetup)
+        on_after = gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    assert s["status"] == "ok"
+    assert CycleInSetup.seen["collector_on"] is False and on_after is True
+    assert CycleInSetup.seen["held"]() is None, "set-up's cyclic garbage was not freed before the freeze"

@@ -21,6 +21,7 @@ from typing import List
 
 from degnn.infer import PART_FILE, SUMMARY
 from degnn.infer.run import ORIG_NIDS, InferError, load_best_model, run_config
+from degnn.startup import pause_collector, resume_collector
 
 log = logging.getLogger("degnn")
 
@@ -138,6 +139,7 @@ def run_trainer(run_dir: Path, out: Path, cfg) -> int:
     log.info("inference of %s (best model of epoch %s): %d nodes, %d machines, up in %.1fs", run_dir,
              best.get("epoch"), graph.num_nodes(), meta["num_parts"], time.time() - t0)
     evaluator = task.evaluator(ctx, model)
+    resume_collector()  # start-up is over (degnn/startup.py)
     t1 = time.time()
     outputs = evaluator.inference()
     val, test = evaluator.score(outputs[-1], model, evaluator.evaluate_fn)
@@ -182,6 +184,7 @@ def _atomic_save_json(obj: dict, path: Path) -> None:
 
 
 def main(argv: List[str] | None = None) -> int:
+    pause_collector()  # until start-up is over (degnn/startup.py): run_server and run_trainer resume it
     from degnn.entry import EntryError, run_server
     from degnn.runtime.store import ProcessGroupError
 

@@ -17,6 +17,9 @@ import os
 import signal
 import sys
 
+from degnn.startup import pause_collector, resume_collector
+
+pause_collector()  # until the imports below are done (degnn/startup.py)
 try:  # torch and DGL take seconds to import: Ctrl-C meanwhile is one line, not a traceback
     import hydra
     from hydra.core.hydra_config import HydraConfig
@@ -40,6 +43,7 @@ except KeyboardInterrupt:
     print("degnn.launch: error: interrupted while starting; nothing was started", file=sys.stderr,
           flush=True)
     sys.exit(130)
+resume_collector()
 
 register_configs()
 

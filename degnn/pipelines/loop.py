@@ -21,6 +21,7 @@ from tqdm import tqdm
 from degnn.pipelines.record import RunRecord, param_digest, rng_state, set_rng_state
 from degnn.proc import trim_heap
 from degnn.runtime.console import progress_bar
+from degnn.startup import resume_collector
 
 
 def diverged(loss: float, batches: int) -> bool:
@@ -126,6 +127,7 @@ class EpochLoop:
         p, ctx, cfg, rec = self.p, self.ctx, self.cfg, self.record
         state = rec.state
         p.setup()
+        resume_collector()  # start-up is over (degnn/startup.py)
         self.trim("set-up")
         rec.mark_setup()
         self.resume()

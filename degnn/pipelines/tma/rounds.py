@@ -31,6 +31,7 @@ import torch
 
 from degnn.pipelines.record import RunRecord, rng_state, set_rng_state
 from degnn.runtime.checkpoint import save_atomic
+from degnn.startup import resume_collector
 
 from .contract import Replaced, RoundPipeline
 from .service import (Beat, CoordinatorClient, EvalDone, EvalOpen, EvalPoll, Hello, PollMean, PollRelease,
@@ -67,6 +68,7 @@ class RoundLoop:
     def run(self) -> dict:
         p, ctx, rec = self.p, self.ctx, self.record
         p.setup()
+        resume_collector()  # start-up is over (degnn/startup.py)
         rec.mark_setup()
         plan = p.plan
         if self.client is None:
