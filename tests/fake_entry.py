@@ -259,6 +259,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    import gc
+
+    gc.disable()  # a short-lived process: no collections while torch imports (degnn/startup.py)
     main()
 
 

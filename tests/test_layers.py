@@ -18,7 +18,7 @@ ROOTS = ("degnn", "partitioners", "benchmarks")
 # lowest first; a package may import its own modules and those of lower layers only
 LAYERS = [
     # degnn/compat.py, the version differences, imports only dgl and torch: every layer uses it
-    {"degnn", "degnn.config", "degnn.proc", "degnn.compat", "degnn.chunked", "degnn.tensor_dict", "degnn.part_csc"},
+    {"degnn", "degnn.config", "degnn.proc", "degnn.startup", "degnn.compat", "degnn.chunked", "degnn.tensor_dict", "degnn.part_csc"},
     {"degnn.data", "degnn.metrics", "degnn.models", "partitioners"},
     {"degnn.runtime"},
     {"degnn.tasks"},

@@ -482,20 +482,6 @@ def test_a_dropped_partition_is_never_trained(tmp_path):
     _nothing_left(run_dir)
 
 
-def _kill_trainer_after_round(run_dir, p, rank: int, after_round: int) -> int:
-    """SIGKILL trainer `rank` once the curve has `after_round` rounds; its pid."""
-    deadline = time.monotonic() + 200
-    while time.monotonic() < deadline and p.poll() is None:
-        if len(read_curve(run_dir)) >= after_round:
-            pids = [pid for pid in fake_entry.processes_mentioning(str(run_dir))
-                    if environ_of(pid).get("RANK") == str(rank) and environ_of(pid).get("DGL_ROLE") == "client"]
-            if pids:
-                os.kill(pids[0], signal.SIGKILL)
-                return pids[0]
-        time.sleep(0.2)
-    raise AssertionError(f"round {after_round} never came (launcher rc {p.poll()})")
-
-
 def _split_sizes(run_dir) -> dict:
     """The validation and test nodes of the run's dataset (read from the dataset, not the run)."""
     from degnn.data import load_dataset
@@ -504,53 +490,10 @@ def _split_sizes(run_dir) -> dict:
     return {k: int(g.ndata[f"{k}_mask"].sum()) for k in ("val", "test")}
 
 
-@netns
-@pytest.mark.parametrize("victim", [2, 0], ids=["rank2-of-3-killed-from-outside",
-                                                "rank0-the-lead-of-3-dies-while-evaluating"])
-def test_a_trainer_killed_mid_run_does_not_stop_training(tmp_path, victim):
-    """Rank 2 of 3 SIGKILLed by the test after round 1; or rank 0, the lead of the evaluation,
-    SIGKILLing itself in the middle of round 2's evaluation, holding a unit of the second layer
-    (pipeline.kill_rank, the benchmarks' fault injection): after evaluator_timeout_s its units go to
-    the live trainers and the lowest live rank leads round 2 instead. Every evaluation, the one it
-    died in too, scores every validation and test node."""
-    run_dir = tmp_path / "run"
-    machines = 3
-    inject = [] if victim == 2 else [f"pipeline.kill_rank={victim}", "pipeline.kill_at_s=6",
-                                     "pipeline.kill_during=eval"]
-    p = subprocess.Popen([PY, *BASE, f"cluster.machines={machines}", "pipeline.time_limit_s=12",
-                          "pipeline.sync_every_s=4", "pipeline.round_timeout_s=3", "pipeline.evaluator_timeout_s=6",
-                          *inject, f"hydra.run.dir={run_dir}"], cwd=REPO, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-    try:
-        pid = _kill_trainer_after_round(run_dir, p, victim, after_round=1) if victim == 2 else None
-        out, err = p.communicate(timeout=200)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
-    assert p.returncode == 0, (out[-2000:], err[-3000:])
-    pid = "" if pid is None else f" pid {pid}"
-    assert f"trainer rank {victim} (machine {victim}){pid}" in err and "was killed by SIGKILL" in err
-    assert "go on without it" in err
-    s = _summary(run_dir)
-    assert s["status"] == "ok" and s["rounds"] == 3
-    assert s["trainers_alive"] == machines - 1 and s["trainers_died"] == [victim]
-    assert s["trainers_dead_ranks"] == [victim] and victim not in s["trainers_alive_ranks"]
-    if victim == 0:
-        assert "killing myself (SIGKILL) in the evaluation of round 2" in (run_dir / "rank0.log").read_text()
-        # the next contributing rank leads (rank 2 if rank 1 was late for round 2 on a loaded host)
-        logs = (run_dir / "rank1.log").read_text() + (run_dir / "rank2.log").read_text()
-        assert "round 2: taking over evaluation from rank 0" in logs
-        assert "evaluator rank 0 silent" in logs
-    curve = read_curve(run_dir)
-    assert [c["round"] for c in curve] == [1, 2, 3]  # every round evaluated exactly once
-    assert curve[0]["trainers"] == list(range(machines))
-    assert curve[-1]["trainers"] == [r for r in range(machines) if r != victim]
-    if victim == 0:  # it had submitted round 2 before it died evaluating it
-        assert curve[1]["trainers"] == [0, 1, 2]
-        assert "units [0] of phase 1 that rank 0 held go to live trainers" in logs
-    # the evaluation: by the live trainers, every node scored; the dead one's partition evaluated
-    # by the others (4 units a partition; 2 layers and the scoring; round 2: from its second layer)
+def _assert_the_evaluation_went_on_without(run_dir, s, curve, machines: int, victim: int) -> None:
+    """Every evaluation scored every validation and test node, by the live trainers: the dead one's
+    partition evaluated by the others (4 units a partition; 2 layers and the scoring; round 2 from
+    its second layer where it died evaluating), and its bytes counted as the wire carried them."""
     sizes = _split_sizes(run_dir)
     assert s["eval_counts"] == sizes and all(c["eval_counts"] == sizes for c in curve), sizes
     assert curve[0]["eval_trainers"] == list(range(machines)) and curve[0]["eval_handed_on"] == 0
@@ -562,17 +505,60 @@ def test_a_trainer_killed_mid_run_does_not_stop_training(tmp_path, victim):
     assert abs(app - s["net_bytes_total"]) < 0.05 * s["net_bytes_total"], (s["app_bytes_by_category"], s["net_bytes_total"])
     assert s["best_val"] > 0.4
     assert s["net_bytes_train"] < s["param_bytes"], s["net_bytes_train_per_trainer"]
+
+
+@netns
+def test_the_lead_killed_while_evaluating_does_not_stop_training(tmp_path):
+    """Rank 0, the lead of the evaluation, SIGKILLs itself in the middle of round 2's evaluation,
+    holding a unit of the second layer (pipeline.kill_rank, the benchmarks' fault injection): after
+    evaluator_timeout_s its units go to the live trainers and the lowest live rank leads round 2
+    instead. Every evaluation, the one it died in too, scores every validation and test node. (A
+    trainer stopped from outside between rounds: the SIGSTOP test below.)"""
+    run_dir = tmp_path / "run"
+    machines, victim = 3, 0
+    p = subprocess.Popen([PY, *BASE, f"cluster.machines={machines}", "pipeline.time_limit_s=12",
+                          "pipeline.sync_every_s=4", "pipeline.round_timeout_s=3", "pipeline.evaluator_timeout_s=6",
+                          f"pipeline.kill_rank={victim}", "pipeline.kill_at_s=6", "pipeline.kill_during=eval",
+                          f"hydra.run.dir={run_dir}"], cwd=REPO, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=200)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert p.returncode == 0, (out[-2000:], err[-3000:])
+    assert f"trainer rank {victim} (machine {victim})" in err and "was killed by SIGKILL" in err
+    assert "go on without it" in err
+    s = _summary(run_dir)
+    assert s["status"] == "ok" and s["rounds"] == 3
+    assert s["trainers_alive"] == machines - 1 and s["trainers_died"] == [victim]
+    assert s["trainers_dead_ranks"] == [victim] and victim not in s["trainers_alive_ranks"]
+    assert "killing myself (SIGKILL) in the evaluation of round 2" in (run_dir / "rank0.log").read_text()
+    # the next contributing rank leads (rank 2 if rank 1 was late for round 2 on a loaded host)
+    logs = (run_dir / "rank1.log").read_text() + (run_dir / "rank2.log").read_text()
+    assert "round 2: taking over evaluation from rank 0" in logs
+    assert "evaluator rank 0 silent" in logs
+    curve = read_curve(run_dir)
+    assert [c["round"] for c in curve] == [1, 2, 3]  # every round evaluated exactly once
+    assert curve[0]["trainers"] == list(range(machines))
+    assert curve[-1]["trainers"] == [1, 2]
+    assert curve[1]["trainers"] == [0, 1, 2]  # it had submitted round 2 before it died evaluating it
+    assert "units [0] of phase 1 that rank 0 held go to live trainers" in logs
+    _assert_the_evaluation_went_on_without(run_dir, s, curve, machines, victim)
     _nothing_left(run_dir)
 
 
 @netns
 def test_a_hung_trainer_is_left_behind_and_stopped_at_the_end(tmp_path):
-    """SIGSTOP (not kill) rank 2 of 3 after round 1: the coordinator counts it dead at the next
-    deadline, the others finish, and the launcher kills the stopped process within seconds
-    (hang.STOPPED_LIMIT_S, not hang_timeout_s)."""
+    """SIGSTOP (not kill) rank 2 of 3 from outside after round 1: the coordinator counts it dead at
+    the next deadline, the others finish, evaluating its partition for it (as for a killed one),
+    and the launcher kills the stopped process within seconds (hang.STOPPED_LIMIT_S, not
+    hang_timeout_s)."""
     run_dir = tmp_path / "run"
     p = subprocess.Popen([PY, *BASE, "cluster.machines=3", "pipeline.time_limit_s=12", "pipeline.sync_every_s=4",
-                          "pipeline.round_timeout_s=3", "cluster.hang_timeout_s=10", f"hydra.run.dir={run_dir}"],
+                          "pipeline.round_timeout_s=3", "pipeline.evaluator_timeout_s=6", "cluster.hang_timeout_s=10",
+                          f"hydra.run.dir={run_dir}"],
                          cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 200
@@ -593,8 +579,11 @@ def test_a_hung_trainer_is_left_behind_and_stopped_at_the_end(tmp_path):
     # stopped by a signal: named within seconds and left behind like a dead trainer
     assert f"trainer rank 2 (machine 2) pid {pid} is stopped by a signal (SIGSTOP" in err, err[-3000:]
     s = _summary(run_dir)
-    assert s["status"] == "ok" and s["trainers_alive"] == 2 and s["trainers_died"] == [2]
-    assert [c["trainers"] for c in read_curve(run_dir)] == [[0, 1, 2], [0, 1], [0, 1]]
+    assert s["status"] == "ok" and s["rounds"] == 3 and s["trainers_alive"] == 2 and s["trainers_died"] == [2]
+    assert s["trainers_dead_ranks"] == [2] and 2 not in s["trainers_alive_ranks"]
+    curve = read_curve(run_dir)
+    assert [c["trainers"] for c in curve] == [[0, 1, 2], [0, 1], [0, 1]]
+    _assert_the_evaluation_went_on_without(run_dir, s, curve, 3, 2)
     _nothing_left(run_dir)
 
 
