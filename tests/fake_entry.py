@@ -259,9 +259,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    import gc
+    from degnn.startup import pause_collector
 
-    gc.disable()  # a short-lived process: no collections while torch imports (degnn/startup.py)
+    pause_collector()  # as degnn.train does; a short-lived process, never resumed
     main()
 
 
