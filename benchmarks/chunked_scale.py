@@ -1,8 +1,7 @@
 """Peak memory and time of the streaming generator and random partitioner by graph size.
 
 `python -m benchmarks.chunked_scale WORKDIR [NODES ...]` generates a chunked planted-community graph
-(avg_degree 20, 128-dim features, 16 classes) of each size, partitions it randomly into 8 parts (16
-above 4M nodes: see BIG_PARTS), each
+(avg_degree 20, 128-dim features, 16 classes) of each size, partitions it randomly into 8 parts, each
 in a process of its own under `/usr/bin/time -v` (its peak RSS and wall/CPU seconds), appends one
 line per step to benchmarks/records/chunked/chunked.jsonl and removes the graph and the partition before
 the next size. `python -m benchmarks.chunked_scale --table` prints the records as the table in
@@ -25,8 +24,6 @@ REPO = Path(__file__).resolve().parents[1]
 RECORDS = REPO / "benchmarks" / "records" / "chunked" / "chunked.jsonl"
 SPEC = {"num_classes": 16, "feat_dim": 128, "avg_degree": 20.0}
 PARTS = 8
-# the 8M graph's parts in 8 would hold 37.5M edges each (3.5 GiB to build): over the 2 GiB budget
-BIG_PARTS = 16
 BUDGET_MB = 2048
 
 
@@ -60,7 +57,7 @@ def measure(work: Path, n: int) -> None:
     RECORDS.parent.mkdir(parents=True, exist_ok=True)
     with open(RECORDS, "a") as f:
         f.write(json.dumps({**base, "step": "generate", "disk_mb": _size_mb(g), **gen}) + "\n")
-    parts = PARTS if n <= 4_000_000 else BIG_PARTS
+    parts = PARTS
     part = _timed([py, "-m", "partitioners.stream_random", str(g), str(out), str(parts), str(BUDGET_MB)])
     with open(RECORDS, "a") as f:
         f.write(json.dumps({**base, "step": "partition", "parts": parts, "disk_mb": _size_mb(out), **part}) + "\n")

@@ -12,8 +12,9 @@ looks complete after an interruption). It never holds the edge list or the featu
    spilled to a file of its destination's part (the part's inner edges, in order: their new ids
    are that order) and, when cut, of its source's part (the part's outgoing halo edges);
 3. per part: its spills read back into its graph (inner nodes, then halo nodes; inner edges, then
-   outgoing ones, as DGL's partition_graph_with_halo orders them) and saved with DGL's save_graphs,
-   and as the CSC arrays degnn's servers map (degnn/part_csc.py);
+   outgoing ones, as DGL's partition_graph_with_halo orders them), saved with DGL's save_graphs and
+   as the CSC arrays degnn's servers map (partitioners/stream_part.py: 34 bytes an edge of the part
+   and 48 a node of it, its halo's included), while of the per-node state only the part stays;
 4. one pass over each node data field, rows appended to every part's node_feat.dgl.
 
 Step 3 holds one part's graph (its server later holds it in shared memory); the budget check
@@ -36,18 +37,22 @@ import numpy as np
 
 from .assign import PartitionError, random_assignment
 from .folder import STATS, check_out, folder_lock, install, temp_folder, validate
-from degnn.part_csc import CSC_FILE, write_part_csc
+from .stream_part import block_edges, part_bytes, write_part
 from degnn.tensor_dict import TensorDictWriter, write_empty
 
 DEFAULT_BUDGET = 2 << 30
 # bytes an edge costs in an edge pass (csv parse, src/dst, parts, ranks, spill columns)
 PASS_EDGE_BYTES = 200
-# bytes an edge of a part graph costs while the part is built and saved (spill, local ids, DGL's copy)
-PART_EDGE_BYTES = 100
 # the node data a node task reads and the dtype each is stored in (degnn.data.graph.finalize)
 FIELDS = {"feat": np.float32, "label": np.int64, "train_mask": np.bool_, "val_mask": np.bool_,
           "test_mask": np.bool_}
 NTYPE, ETYPE = "_N", "_N:_E:_N"
+
+
+def node_state(n: int, k: int) -> int:
+    """Bytes the partitioner keeps a node of the graph: its part, its new id, a halo flag per part
+    and the assignment's own temporaries."""
+    return n * (16 + k + 8)
 
 
 def _rss_mb() -> float:
@@ -87,16 +92,16 @@ def partition_chunked(
     check_out(out, graph_name, "random", k, force)
     if settings is None:
         settings = {"method": "random", "num_parts": k, "seed": int(seed)}
-    node_state = n * (16 + k + 8)
-    if node_state > budget_bytes:
-        raise PartitionError(f"{n} nodes in {k} parts need {node_state >> 20} MiB of per-node state, over the "
+    if node_state(n, k) > budget_bytes:
+        raise PartitionError(f"{n} nodes in {k} parts need {node_state(n, k) >> 20} MiB of per-node state, over the "
                              f"budget of {budget_bytes >> 20} MiB; raise partition.stream_budget_mb")
     # a random part holds about E/K inner edges and (K-1)/K of as many outgoing halo edges: refuse
     # before the edge pass what the exact check after it would refuse
     part_edges = g.num_edges * (2 * k - 1) / (k * k)
-    if part_edges * PART_EDGE_BYTES > 1.1 * budget_bytes:
+    part_need = 2 * n + part_bytes(int(part_edges), n, budget_bytes)  # its halo: up to every node
+    if part_need > 1.1 * budget_bytes:
         raise PartitionError(f"a part of {k} will have about {int(part_edges)} edges (with its halo's): about "
-                             f"{int(part_edges * PART_EDGE_BYTES) >> 20} MiB to build, over the budget of "
+                             f"{part_need >> 20} MiB to build, over the budget of "
                              f"{budget_bytes >> 20} MiB; raise partition.stream_budget_mb or partition into more parts")
     with folder_lock(out):
         check_out(out, graph_name, "random", k, force)
@@ -160,14 +165,17 @@ def _write(g, k: int, out: Path, tmp: Path, graph_name: str, seed: int, budget: 
             halo[ps[cut], dst[cut]] = True
             ns, nd = new_of[src], new_of[dst]
             del src, dst
+            # every edge's rank among its destination part's inner edges, before any part's
+            # outgoing edges (whose destinations are in other parts) are spilled with theirs
             rank = np.empty(len(ns), dtype=np.int64)
-            for p in range(k):
-                sel = np.flatnonzero(pd == p)
+            by_part = [np.flatnonzero(pd == p) for p in range(k)]
+            for p, sel in enumerate(by_part):
                 rank[sel] = inner_count[p] + np.arange(len(sel))
+                inner_count[p] += len(sel)
+            for p, sel in enumerate(by_part):
                 ns[sel].tofile(files[p, "in_src"])
                 nd[sel].tofile(files[p, "in_dst"])
                 (eid0 + sel).tofile(files[p, "in_eid"])
-                inner_count[p] += len(sel)
                 osel = np.flatnonzero(cut & (ps == p))
                 ns[osel].tofile(files[p, "out_src"])
                 nd[osel].tofile(files[p, "out_dst"])
@@ -189,74 +197,38 @@ def _write(g, k: int, out: Path, tmp: Path, graph_name: str, seed: int, budget: 
     (spill / "dst").unlink()
     edge_bounds = np.concatenate([[0], np.cumsum(inner_count)]).astype(np.int64)
     halo_count = halo.sum(1)
-    del halo
+    # while the parts are built only each node's part stays, in 2 bytes: the halo flags become
+    # each part's sorted halo ids on disk, the new-id order is written as orig_nids now
+    assignment_digest = _digest(part)
     for p in range(k):
-        need = int(inner_count[p] + outer_count[p]) * PART_EDGE_BYTES
+        np.sort(new_of[np.flatnonzero(halo[p])]).tofile(spill / f"halo{p}")
+    del halo, new_of
+    import torch
+
+    torch.save(torch.from_numpy(order), tmp / "orig_nids.pt")
+    del order
+    part = part.astype(np.int16 if k < 2 ** 15 else np.int32)
+    for p in range(k):
+        edges, pnodes = int(inner_count[p] + outer_count[p]), int(nodes[p] + halo_count[p])
+        need = n * part.itemsize + part_bytes(edges, pnodes, budget)
         if need > budget:
-            raise PartitionError(f"part {p} has {inner_count[p] + outer_count[p]} edges (with its halo's): about "
+            raise PartitionError(f"part {p} has {edges} edges and {pnodes} nodes (with its halo's): about "
                                  f"{need >> 20} MiB to build, over the budget of {budget >> 20} MiB; raise "
                                  f"partition.stream_budget_mb or partition into more parts")
 
-    # ---- the part graphs, one at a time
-    import dgl
-    import torch
-    from dgl.data.utils import save_graphs
-
-    def column(p: int, c: str) -> np.ndarray:
-        x = np.fromfile(spill / f"{c}{p}", dtype=np.int64)
-        (spill / f"{c}{p}").unlink()
-        return x
-
+    # ---- the part graphs, one at a time (partitioners/stream_part.py)
     nfields = [f for f in FIELDS if f in g.node_data]
     with open(tmp / "orig_eids.npy", "wb") as ef:
         np.lib.format.write_array_header_2_0(ef, {"descr": np.lib.format.dtype_to_descr(np.dtype(np.int64)),
                                                   "fortran_order": False, "shape": (m,)})
         for p in range(k):
-            lo, hi = int(bounds[p]), int(bounds[p + 1])
             with open(spill / f"in_eid{p}", "rb") as f:
                 shutil.copyfileobj(f, ef, 16 << 20)  # inner edges in new-id order: their original ids
             (spill / f"in_eid{p}").unlink()
-            # outgoing halo edges ordered by their new ids, as DGL orders a part's outer edges
-            out_eid = edge_bounds[column(p, "out_part")] + column(p, "out_rank")
-            o = np.argsort(out_eid, kind="stable")
-            out_eid = out_eid[o]
-            in_src, out_dst = column(p, "in_src"), column(p, "out_dst")[o]
-            halo_ids = np.unique(np.concatenate([in_src[(in_src < lo) | (in_src >= hi)],
-                                                 out_dst[(out_dst < lo) | (out_dst >= hi)]]))
-            if len(halo_ids) != halo_count[p]:
-                raise PartitionError(f"internal: part {p} has {len(halo_ids)} halo nodes in its edges, "
-                                     f"{halo_count[p]} flagged")
-
-            def local(x: np.ndarray, halo_ids=halo_ids) -> np.ndarray:
-                """Part-local ids: own nodes first (new id - lo), then halo nodes in id order."""
-                own = (x >= lo) & (x < hi)
-                return np.where(own, x - lo, (hi - lo) + np.searchsorted(halo_ids, x))
-
-            n_in, n_out = len(in_src), len(out_dst)
-            lsrc = np.empty(n_in + n_out, dtype=np.int64)
-            ldst = np.empty(n_in + n_out, dtype=np.int64)
-            lsrc[:n_in] = local(in_src)
-            del in_src
-            ldst[n_in:] = local(out_dst)
-            del out_dst
-            ldst[:n_in] = column(p, "in_dst") - lo
-            lsrc[n_in:] = local(column(p, "out_src")[o])
-            del o
-            eids = np.concatenate([edge_bounds[p] + np.arange(n_in, dtype=np.int64), out_eid])
-            del out_eid
-            pg = dgl.graph((torch.from_numpy(lsrc), torch.from_numpy(ldst)), num_nodes=(hi - lo) + len(halo_ids))
-            del lsrc, ldst
-            nid = np.concatenate([np.arange(lo, hi, dtype=np.int64), halo_ids])
-            pg.ndata["part_id"] = torch.from_numpy(np.searchsorted(bounds, nid, side="right") - 1)
-            pg.ndata["inner_node"] = torch.from_numpy(np.arange(len(nid)) < hi - lo).to(torch.uint8)
-            pg.ndata[dgl.NID] = torch.from_numpy(nid)
-            pg.edata["inner_edge"] = torch.from_numpy(np.arange(n_in + n_out) < n_in).to(torch.uint8)
-            pg.edata[dgl.EID] = torch.from_numpy(eids)
-            (tmp / f"part{p}").mkdir()
-            save_graphs(str(tmp / f"part{p}" / "graph.dgl"), [pg])
-            write_part_csc(tmp / f"part{p}" / CSC_FILE, pg)
+            halo_ids = np.fromfile(spill / f"halo{p}", dtype=np.int64)
+            write_part(spill, p, bounds, edge_bounds, halo_ids, tmp / f"part{p}", block_edges(budget))
             write_empty(tmp / f"part{p}" / "edge_feat.dgl")
-            del pg, nid, eids, halo_ids
+            del halo_ids
     shutil.rmtree(spill)
 
     # ---- node data: one pass per field, rows appended to every part's file
@@ -313,8 +285,6 @@ def _write(g, k: int, out: Path, tmp: Path, graph_name: str, seed: int, budget: 
             for _, block in g.node_blocks(name, 1 << 20):
                 h.update(block.reshape(len(block), -1)[:, 0].astype(np.int64).tobytes())
     graph_digest = h.hexdigest()
-    torch.save(torch.from_numpy(order), tmp / "orig_nids.pt")
-    del order, new_of
 
     node_map = [[int(bounds[i]), int(bounds[i + 1])] for i in range(k)]
     edge_map = [[int(edge_bounds[i]), int(edge_bounds[i + 1])] for i in range(k)]
@@ -350,7 +320,7 @@ def _write(g, k: int, out: Path, tmp: Path, graph_name: str, seed: int, budget: 
         "label_tv_mean": float(np.mean(tvs)) if tvs else None,
         "label_tv_max": float(np.max(tvs)) if tvs else None,
         "graph_digest": graph_digest,
-        "assignment_digest": _digest(part),
+        "assignment_digest": assignment_digest,
         "parts": [{"part": p, "nodes": int(nodes[p]), "edges": int(inner_count[p]),
                    "train_nodes": int(train[p]), "halo_nodes": int(halo_count[p]), "label_tv": tv[p]}
                   for p in range(k)],

@@ -87,6 +87,7 @@ def test_streamed_partition_equals_in_memory(small, tmp_path):
     oe_m = torch.load(mem / "orig_eids.pt").numpy()
     oe_s = np.load(st / "orig_eids.npy")
     feat = data.graph.ndata["feat"].numpy()
+    osrc, odst = (t.numpy() for t in data.graph.edges())
     for i in range(4):
         (pm, fm), (ps, fs) = _part(mem, i), _part(st, i)
         assert ps.num_nodes() == pm.num_nodes() and ps.num_edges() == pm.num_edges()
@@ -102,6 +103,12 @@ def test_streamed_partition_equals_in_memory(small, tmp_path):
             return (sorted(nid[inner]), sorted(nid[~inner]), sorted(eid[ie]),
                     sorted(zip(nid[s.numpy()].tolist(), nid[d.numpy()].tolist(), eid.tolist())))
         assert ids(ps, on_s, oe_s) == ids(pm, on_m, oe_m)
+        # the streamed part sets every edge's _ID, its outgoing halo edges' too: the original edge
+        # with that new id joins the same two nodes
+        s, d = (t.numpy() for t in ps.edges())
+        snid = on_s[ps.ndata["_ID"].numpy()]
+        orig = oe_s[ps.edata["_ID"].numpy()]
+        assert np.array_equal(osrc[orig], snid[s]) and np.array_equal(odst[orig], snid[d])
         # the CSC file a server maps is the part graph of graph.dgl
         same_part_graph(load_part_mapped(str(st / f"part{i}" / "graph.dgl")), ps)
         # node data: the part's own rows, in its new-id order, are the original rows
