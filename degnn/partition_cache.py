@@ -137,6 +137,9 @@ def ensure_partitions(dataset_cfg, partition_cfg) -> Path:
             except ChunkedError as e:
                 raise PartitionError(str(e)) from None
             validate(method, int(partition_cfg.num_parts), g.num_nodes, str(dataset_cfg.name))
+            print(f"degnn: partitioning {dataset_cfg.name} ({g.num_nodes} nodes, {g.num_edges} edges) randomly "
+                  f"into {partition_cfg.num_parts} parts in passes over its chunks, within "
+                  f"{partition_cfg.stream_budget_mb} MiB, into {out}", file=sys.stderr, flush=True)
             return write_chunked_partition(g, int(partition_cfg.num_parts), out, str(dataset_cfg.name),
                                            int(partition_cfg.seed), int(partition_cfg.stream_budget_mb) << 20,
                                            settings)

@@ -11,6 +11,8 @@ import hashlib
 import json
 import os.path as osp
 import shutil
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -49,6 +51,10 @@ def chunked_folder(cfg) -> Path:
         from .synthetic_stream import generate_chunked
 
         tmp = d.parent / f".{d.name}.tmp-{uuid.uuid4().hex[:8]}"
+        t0 = time.time()
+        # minutes at millions of nodes: say what is happening (progress output, not a hang)
+        print(f"degnn: generating dataset {name} ({k['num_nodes']} nodes) into {d}, a block at a time",
+              file=sys.stderr, flush=True)
         try:
             generate_chunked({**k, "name": name}, tmp)
             if not (d / META).is_file():
@@ -56,6 +62,7 @@ def chunked_folder(cfg) -> Path:
                 tmp.rename(d)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        print(f"degnn: dataset {name} generated in {time.time() - t0:.0f}s", file=sys.stderr, flush=True)
     return d
 
 
