@@ -2,7 +2,8 @@
 and pipeline, each quantity's growth fitted as a log-log slope against the number of nodes
 (value ~ nodes ** slope: 1 is linear, 0 flat), the slopes in a table and the curves in one plot.
 
-A run belongs to the ladder when its dataset is one of the `synthetic-scale-*` graphs; its size is
+A run belongs to the ladder when its dataset is one of the `synthetic-scale-*` graphs or the
+streaming generator's `synthetic-chunked-*` (a rung's series says its machines); its size is
 the number of nodes in its config.yaml (`dataset.num_nodes`), or in its dataset option file.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from degnn.config import CONF_DIR
 
-LADDER_PREFIX = "synthetic-scale-"
+LADDER_PREFIX = ("synthetic-scale-", "synthetic-chunked-")
 LADDER_BATCH = 1024  # the ladder's batch size (bench=scale); a run with another is a series of its own
 
 
@@ -178,7 +179,7 @@ def scale_section(runs: List[dict], results: Path, plot: Callable) -> List[str]:
     if fits:
         out += ["", "Fitted exponents: the least-squares slope of log(quantity) against log(nodes) over "
                 "the rungs each series finished (1 = grows linearly with the graph, 0 = flat; the "
-                "machines are 4 throughout, so a per-process peak at most linear in nodes / machines "
+                "machines are fixed within a series, so a per-process peak at most linear in nodes / machines "
                 "has a slope of at most 1).", "",
                 "| series | " + " | ".join(q for q, _, _ in QUANTITIES) + " |",
                 "|" + "---|" * (1 + len(QUANTITIES))]
