@@ -7,15 +7,18 @@ it out: own nodes (new ids lo..hi-1) then halo nodes in id order; inner edges, t
 ordered by their new edge ids. It holds the part's COO in local ids, the global edge ids and one
 flag an edge (25 bytes an edge: what DGL's save_graphs needs whole; saving copies one column more,
 8), about 48 bytes a node of the part (own and halo), and blocks of `block` edges; graph_csc.dgl is
-sorted from those arrays a range of destinations at a time (degnn.part_csc.write_csc_from_coo), not
+sorted from those arrays a range of destinations at a time (write_csc_from_coo), not
 by DGL's conversion, which held another 40-50 bytes an edge.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator, Sequence, Tuple
+from typing import Dict, Iterator, Sequence, Tuple
 
 import numpy as np
+
+from degnn.part_csc import EDATA, EIDS, INDICES, INDPTR, NDATA, reserved_dtypes
+from degnn.tensor_dict import TensorDictWriter
 
 from .assign import PartitionError
 
@@ -58,7 +61,7 @@ def write_part(spill: Path, p: int, bounds: np.ndarray, edge_bounds: np.ndarray,
     import torch
     from dgl.data.utils import save_graphs
 
-    from degnn.part_csc import CSC_FILE, write_csc_from_coo
+    from degnn.part_csc import CSC_FILE
 
     def col(c: str) -> Path:
         return spill / f"{c}{p}"
@@ -125,3 +128,52 @@ def write_part(spill: Path, p: int, bounds: np.ndarray, edge_bounds: np.ndarray,
     save_graphs(str(part_dir / "graph.dgl"), [pg])
     del pg
     write_csc_from_coo(part_dir / CSC_FILE, lsrc, ldst, len(nid), ndata, edata, block)
+
+
+def write_csc_from_coo(path: Path, src: np.ndarray, dst: np.ndarray, num_nodes: int, ndata: Dict[str, np.ndarray],
+                       edata: Dict[str, np.ndarray], bucket_edges: int) -> None:
+    """Write a part graph given as COO numpy arrays (edge i runs src[i] -> dst[i]; its local id is i)
+    with its ndata and edata (numpy arrays) as CSC arrays, without DGL's conversion: the in-edges
+    are sorted by destination a range of destinations at a time, each range holding at most
+    `bucket_edges` edges (more only where one node has more in-edges), so besides the arrays it
+    holds about 48 bytes a bucket edge and 16 bytes a node. The streaming partitioner's parts are
+    written this way; an in-memory part goes through degnn.part_csc.write_part_csc."""
+    reserved = {k: np.dtype(str(v).replace("torch.", "")) for k, v in reserved_dtypes().items()}
+    m, bucket_edges = len(src), max(1, int(bucket_edges))
+    indptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    for a in range(0, m, bucket_edges):
+        indptr[1:] += np.bincount(dst[a:a + bucket_edges], minlength=num_nodes)
+    np.cumsum(indptr, out=indptr)
+    fields = [(NDATA + k, v) for k, v in ndata.items()] + [(EDATA + k, v) for k, v in edata.items()]
+    fields = [(name, np.asarray(v).astype(reserved.get(name.split("/", 1)[1], v.dtype), copy=False))
+              for name, v in fields]
+    specs = [(INDPTR, np.int64, (num_nodes + 1,)), (INDICES, np.int64, (m,)), (EIDS, np.int64, (m,))]
+    specs += [(name, v.dtype, v.shape) for name, v in fields]
+    eid_spill = Path(str(path) + ".eids")
+    with open(path, "wb") as f, open(eid_spill, "w+b") as ef:
+        w = TensorDictWriter(f, specs)
+        w.append(indptr)
+        lo = 0
+        while lo < num_nodes and m:
+            # the destinations lo..hi-1 hold at most bucket_edges in-edges (at least one node)
+            hi = int(np.searchsorted(indptr, indptr[lo] + bucket_edges, side="right")) - 1
+            hi = min(max(hi, lo + 1), num_nodes)
+            sel = np.concatenate([np.flatnonzero((dst[a:a + bucket_edges] >= lo) & (dst[a:a + bucket_edges] < hi)) + a
+                                  for a in range(0, m, bucket_edges)])
+            perm = sel[np.argsort(dst[sel], kind="stable")]  # stable: in-edges in edge-id order
+            del sel
+            w.append(src[perm])
+            perm.tofile(ef)
+            lo = hi
+        ef.seek(0)
+        while True:
+            e = np.fromfile(ef, dtype=np.int64, count=bucket_edges)
+            if not len(e):
+                break
+            w.append(e)
+        for _, v in fields:
+            for a in range(0, len(v), bucket_edges):
+                w.append(v[a:a + bucket_edges])
+        if not w.done():
+            raise RuntimeError(f"internal: {path} is incomplete")
+    eid_spill.unlink()

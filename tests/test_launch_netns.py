@@ -278,7 +278,8 @@ def test_real_distdgl_run(tmp_path):
         # sampled while the machine was up, near its peak (measured: within 1 MiB of it)
         assert 0.8 * sp["peak"] <= sp["sampled"] <= sp["peak"] + 1 and sp["process"] > 100, s
         # the machine's servers copy its part's node data into its /dev/shm, charged to it
-        assert sp["shmem"] >= part[m]["features"] > 0, s
+        # (at some sample: the highest usage can come before they do)
+        assert sp["shmem_max"] >= part[m]["features"] > 0, s
     share = s["graph_mb"] / 2
     assert s["graph_mb"] == pytest.approx(sum(p["structure"] + p["features"] for p in part), abs=0.2), s
     assert s["graph_share_mb"] == pytest.approx(share, abs=0.1), s

@@ -61,10 +61,12 @@ def test_the_split_is_kept_at_the_sample_of_highest_usage():
     assert kept.mb(None) is None  # never sampled
     kept.observe(850 * MIB, V1)
     kept.observe(900 * MIB, V1.replace("total_rss 524288000", "total_rss 576716800"))  # 550 MiB
-    kept.observe(600 * MIB, V1.replace("total_rss 524288000", "total_rss 0"))  # lower: ignored
+    # lower: its split ignored, its shared memory (more than at the highest sample) kept as shmem_max
+    kept.observe(600 * MIB, V1.replace("total_rss 524288000", "total_rss 0").replace("total_shmem 209715200",
+                                                                                      "total_shmem 314572800"))
     kept.observe(None, V1)  # an unreadable sample: ignored
     assert kept.mb(950 * MIB) == {"peak": 950.0, "sampled": 900.0, "process": 550.0, "shmem": 200.0,
-                                  "page_cache": 100.0, "kernel": 50.0}
+                                  "page_cache": 100.0, "kernel": 50.0, "shmem_max": 300.0}
 
 
 ROLLUP = """559d67c93000-7ffd4f400000 ---p 00000000 00:00 0                          [rollup]

@@ -14,6 +14,8 @@ from degnn.launch.preflight import check_config
 from degnn.pipelines.tma import TMAPipeline
 
 RUNGS = {"synthetic-scale-250k": 250_000, "synthetic-scale-1m": 1_000_000, "synthetic-scale-4m": 4_000_000}
+# the 8-machine rungs: the streaming generator's graphs (20 directed edges a node, as stored)
+WIDE = {"synthetic-chunked-4m": 4_000_000, "synthetic-chunked-8m": 8_000_000}
 
 
 def _jobs(suite):
@@ -23,9 +25,11 @@ def _jobs(suite):
 
 
 def whole_graph_bytes(ds) -> int:
-    """Features (float32) and both endpoints (int64) of every directed edge (each of the
-    avg_degree edges a node is stored both ways: 79.9M on the 4M rung): the graph in one process."""
-    return int(ds.num_nodes * ds.feat_dim * 4 + ds.num_nodes * ds.avg_degree * 2 * 2 * 8)
+    """Features (float32) and both endpoints (int64) of every directed edge (synthetic-scale: each
+    of the avg_degree edges a node is stored both ways, 79.9M on the 4M rung; a chunked graph's
+    avg_degree counts its directed edges): the graph in one process."""
+    directed = ds.avg_degree if ds.name in WIDE else ds.avg_degree * 2
+    return int(ds.num_nodes * ds.feat_dim * 4 + ds.num_nodes * directed * 2 * 8)
 
 
 def test_bench_scale_composes_and_every_job_is_a_valid_run():
@@ -47,20 +51,25 @@ def test_bench_scale_composes_and_every_job_is_a_valid_run():
                     OmegaConf.set_struct(cfg, True)
                     TMAPipeline.prepare_launch(cfg, job)
                 ds = cfg.dataset
-                assert ds.num_nodes == RUNGS[ds.name] and ds.feat_dim == 128 and ds.avg_degree == 10
-                # 4 machines; the 4M graph also on 8 (random parts: a server's quarter does not load in 2 GiB)
+                # 4 machines; chunked 4M and 8M graphs on 8, random parts made in passes, 2 GiB each
                 wide = suite.name.endswith("-8machines")
                 assert cfg.cluster.kind == "netns" and cfg.cluster.machines == (8 if wide else 4), suite.name
-                assert not wide or (ds.name == "synthetic-scale-4m" and cfg.partition.method == "random"), suite.name
+                rungs, degree = (WIDE, 20) if wide else (RUNGS, 10)
+                assert ds.num_nodes == rungs[ds.name] and ds.feat_dim == 128 and ds.avg_degree == degree
+                assert not wide or (cfg.partition.method == "random" and cfg.cluster.memory_per_machine == "2G")
                 limit = cfg.cluster.memory_per_machine
-                if ds.name == "synthetic-scale-4m":  # the largest rung: each machine below the graph
+                if ds.num_nodes >= 4_000_000:  # the largest rungs: each machine below the graph
                     assert limit is not None and parse_size(limit) < whole_graph_bytes(ds), suite.name
+                    # the 8M graph: each machine less than a third of it
+                    assert ds.num_nodes < 8_000_000 or 3 * parse_size(limit) < whole_graph_bytes(ds), suite.name
                 else:
                     assert limit is None, suite.name
                 seen.add((ds.name, cfg.pipeline.name, cfg.pipeline.get("variant"), cfg.model.layers))
     want = {(r, "distdgl", "default", 2) for r in RUNGS} | {(r, "distdgl", "default", 3) for r in RUNGS}
     want |= {(r, "lamp", "default", layers) for r in RUNGS for layers in (2, 3)}
     want |= {(r, "tma", v, 2) for r in RUNGS for v in ("random", "supernode")}
+    want |= {("synthetic-chunked-4m", "distdgl", "default", 2), ("synthetic-chunked-4m", "tma", "random", 2),
+             ("synthetic-chunked-8m", "distdgl", "default", 2)}
     assert seen == want
 
 

@@ -55,22 +55,28 @@ class MachineSplit:
 
     def __init__(self):
         self.best: Optional[Dict[str, int]] = None
+        # the most shared memory any sample saw: the highest usage can come before the servers
+        # fill /dev/shm (a trainer's imports beside a server's), and then its split shows none
+        self.shmem_max = 0
 
     def observe(self, usage: Optional[int], stat_text: Optional[str]) -> None:
         if usage is None or stat_text is None:
             return
+        s = split(parse_stat(stat_text), usage)
+        self.shmem_max = max(self.shmem_max, s["shmem"])
         if self.best is None or usage > self.best["usage"]:
-            self.best = split(parse_stat(stat_text), usage)
+            self.best = s
 
     def mb(self, peak: Optional[int]) -> Optional[Dict[str, float]]:
         """The summary's entry (MiB): `peak` (the kernel's own peak), `sampled` (the usage at the
-        kept sample), and that sample's `process`, `shmem`, `page_cache` and `kernel`."""
+        kept sample), and that sample's `process`, `shmem`, `page_cache` and `kernel`; `shmem_max`
+        the most shared memory of any sample."""
         if self.best is None:
             return None
         b = self.best
         return {"peak": _mb(peak), "sampled": _mb(b["usage"]), "process": _mb(b["process"]),
                 "shmem": _mb(b["shmem"]), "page_cache": _mb(b["page_cache"]),
-                "kernel": _mb(b["kernel"])}
+                "kernel": _mb(b["kernel"]), "shmem_max": _mb(self.shmem_max)}
 
 
 def parse_smaps_rollup(text: str) -> Optional[Tuple[int, int, int]]:
