@@ -70,4 +70,3 @@ def graph_from_csc(tensors: Dict[str, "object"]) -> Optional["object"]:
         elif name.startswith(EDATA):
             g.edata[name[len(EDATA):]] = t
     return g
-
