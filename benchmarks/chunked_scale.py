@@ -57,10 +57,9 @@ def measure(work: Path, n: int) -> None:
     RECORDS.parent.mkdir(parents=True, exist_ok=True)
     with open(RECORDS, "a") as f:
         f.write(json.dumps({**base, "step": "generate", "disk_mb": _size_mb(g), **gen}) + "\n")
-    parts = PARTS
-    part = _timed([py, "-m", "partitioners.stream_random", str(g), str(out), str(parts), str(BUDGET_MB)])
+    part = _timed([py, "-m", "partitioners.stream_random", str(g), str(out), str(PARTS), str(BUDGET_MB)])
     with open(RECORDS, "a") as f:
-        f.write(json.dumps({**base, "step": "partition", "parts": parts, "disk_mb": _size_mb(out), **part}) + "\n")
+        f.write(json.dumps({**base, "step": "partition", "parts": PARTS, "disk_mb": _size_mb(out), **part}) + "\n")
     shutil.rmtree(g, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
 

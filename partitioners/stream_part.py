@@ -52,11 +52,12 @@ def _blocks(paths: Sequence[Path], block: int) -> Iterator[Tuple[np.ndarray, ...
             f.close()
 
 
-def write_part(spill: Path, p: int, bounds: np.ndarray, edge_bounds: np.ndarray, halo_ids: np.ndarray,
-               part_dir: Path, block: int) -> None:
+def write_part(spill: Path, p: int, bounds: np.ndarray, edge_bounds: np.ndarray, out_to: np.ndarray,
+               halo_ids: np.ndarray, part_dir: Path, block: int) -> None:
     """Write part p's graph.dgl and graph_csc.dgl into `part_dir` from its spill files (removed).
-    `halo_ids`: the new ids of its halo nodes, sorted; `bounds`/`edge_bounds`: the parts' node and
-    edge ranges in new ids."""
+    `bounds`/`edge_bounds`: the parts' node and edge ranges in new ids; `out_to[q]`: part p's
+    outgoing halo edges into part q (counted in the edge pass); `halo_ids`: the new ids of its halo
+    nodes, sorted."""
     import dgl
     import torch
     from dgl.data.utils import save_graphs
@@ -68,8 +69,8 @@ def write_part(spill: Path, p: int, bounds: np.ndarray, edge_bounds: np.ndarray,
 
     lo, hi = int(bounds[p]), int(bounds[p + 1])
     own = hi - lo
-    n_in, n_out = col("in_dst").stat().st_size // 8, col("out_dst").stat().st_size // 8
-    m = n_in + n_out
+    n_in = col("in_dst").stat().st_size // 8
+    m = n_in + int(out_to.sum())
 
     used = np.zeros(len(halo_ids), dtype=bool)  # every flagged halo node must be an edge's end
 
@@ -96,10 +97,7 @@ def write_part(spill: Path, p: int, bounds: np.ndarray, edge_bounds: np.ndarray,
         a += len(s)
     # outgoing halo edges by new edge id: by destination part, then rank. The spill holds each
     # destination part's edges in rank order, so a stable counting sort by part does it
-    per_part = np.zeros(len(bounds) - 1, dtype=np.int64)
-    for (q,) in _blocks([col("out_part")], block):
-        per_part += np.bincount(q, minlength=len(per_part))
-    at = n_in + np.concatenate([[0], np.cumsum(per_part)[:-1]])
+    at = n_in + np.concatenate([[0], np.cumsum(out_to)[:-1]])
     for q, r, s, d in _blocks([col("out_part"), col("out_rank"), col("out_src"), col("out_dst")], block):
         for t in np.unique(q):
             idx = np.flatnonzero(q == t)

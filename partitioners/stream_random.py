@@ -148,7 +148,7 @@ def _write(g, k: int, out: Path, tmp: Path, graph_name: str, seed: int, budget: 
     dst_f = open(spill / "dst", "wb")  # the digest hashes every src, then every dst
     halo = np.zeros((k, n), dtype=bool)
     inner_count = np.zeros(k, dtype=np.int64)
-    outer_count = np.zeros(k, dtype=np.int64)
+    outer_to = np.zeros((k, k), dtype=np.int64)  # [p, q]: part p's outgoing halo edges into part q
     cut_total = 0
     h = hashlib.blake2b(digest_size=8)
     h.update(str((g.num_edges,)).encode())
@@ -181,7 +181,7 @@ def _write(g, k: int, out: Path, tmp: Path, graph_name: str, seed: int, budget: 
                 nd[osel].tofile(files[p, "out_dst"])
                 pd[osel].tofile(files[p, "out_part"])
                 rank[osel].tofile(files[p, "out_rank"])
-                outer_count[p] += len(osel)
+                outer_to[p] += np.bincount(pd[osel], minlength=k)
             eid0 += len(ns)
     finally:
         for f in list(files.values()) + [dst_f]:
@@ -209,7 +209,7 @@ def _write(g, k: int, out: Path, tmp: Path, graph_name: str, seed: int, budget: 
     del order
     part = part.astype(np.int16 if k < 2 ** 15 else np.int32)
     for p in range(k):
-        edges, pnodes = int(inner_count[p] + outer_count[p]), int(nodes[p] + halo_count[p])
+        edges, pnodes = int(inner_count[p] + outer_to[p].sum()), int(nodes[p] + halo_count[p])
         need = n * part.itemsize + part_bytes(edges, pnodes, budget)
         if need > budget:
             raise PartitionError(f"part {p} has {edges} edges and {pnodes} nodes (with its halo's): about "
@@ -226,7 +226,7 @@ def _write(g, k: int, out: Path, tmp: Path, graph_name: str, seed: int, budget: 
                 shutil.copyfileobj(f, ef, 16 << 20)  # inner edges in new-id order: their original ids
             (spill / f"in_eid{p}").unlink()
             halo_ids = np.fromfile(spill / f"halo{p}", dtype=np.int64)
-            write_part(spill, p, bounds, edge_bounds, halo_ids, tmp / f"part{p}", block_edges(budget))
+            write_part(spill, p, bounds, edge_bounds, outer_to[p], halo_ids, tmp / f"part{p}", block_edges(budget))
             write_empty(tmp / f"part{p}" / "edge_feat.dgl")
             del halo_ids
     shutil.rmtree(spill)
