@@ -159,6 +159,10 @@ class ClusterConfig:
     machines: int = 1
     trainers_per_machine: int = 1
     servers_per_machine: int = 1
+    # what a graph server keeps of its part: "inner" = the in-edges of the part's own nodes (every
+    # sampler of degnn walks in-edges; a random part's other half are its nodes' out-edges to other
+    # parts), "all" = the whole part, for code of your own that asks out-edges (docs/design.md)
+    server_edges: str = "inner"
     # e.g. "1gbit": a tc tbf cap on every machine's link (netns only)
     bandwidth: Optional[str] = None
     # first DGL server port; servers on one machine use port, port+1, ...

@@ -117,10 +117,11 @@ def run_server(cfg, run_dir: Path) -> None:
     from degnn.runtime import services
 
     services.register(cfg.pipeline.services)
-    # node features straight from the partition file into shared memory, not via a heap copy
+    # structure and node features straight from the partition files into shared memory, not via a
+    # heap copy; structure cut to what the samplers walk (cluster.server_edges)
     from degnn.runtime import mapped_feats
 
-    mapped_feats.install()
+    mapped_feats.install(inner_only=cfg.cluster.get("server_edges", "inner") == "inner")
     log.info("serving %s as server %s", os.environ["DGL_CONF_PATH"], os.environ["DGL_SERVER_ID"])
     from degnn.runtime.rendezvous import shorten_connect_back_wait
 

@@ -248,6 +248,36 @@ def test_each_part_has_a_csc_file_of_its_graph(parted, method):
         same_part_graph(load_part_mapped(f), dgl.load_graphs(f)[0][0])
 
 
+@pytest.mark.parametrize("method", ["random", "metis"])
+def test_a_server_keeps_its_own_nodes_in_edges(parted, method):
+    """cluster.server_edges=inner: the part a server maps holds exactly the part's inner edges (the
+    in-edges of its own nodes) with their ids and fields, and every node with its fields, so each
+    own node's in-neighbours are what the whole part gives it."""
+    from degnn.part_csc import CSC_FILE, inner_edges_only
+    from degnn.runtime.mapped_feats import load_part_mapped, load_tensors_mapped
+
+    for i in range(3):
+        f = str(Path(parted[method, 3]).parent / f"part{i}" / "graph.dgl")
+        whole, cut = dgl.load_graphs(f)[0][0], load_part_mapped(f, inner_only=True)
+        inner_edge, inner = whole.edata["inner_edge"].bool(), whole.ndata["inner_node"].bool()
+        assert 0 < int(inner_edge.sum()) < whole.num_edges()  # the part has outgoing halo edges to drop
+        s, d, e = (t.numpy() for t in whole.edges(form="all"))
+        keep = inner_edge.numpy()
+        cs, cd, ce = (t.numpy() for t in cut.edges(form="all"))
+        assert cut.num_nodes() == whole.num_nodes() and cut.num_edges() == int(keep.sum())
+        got = sorted(zip(cut.edata[dgl.EID][ce].tolist(), cs.tolist(), cd.tolist()))
+        want = sorted(zip(whole.edata[dgl.EID][e[keep]].tolist(), s[keep].tolist(), d[keep].tolist()))
+        assert got == want
+        assert torch.equal(cut.in_degrees()[inner], whole.in_degrees()[inner])
+        assert int(cut.in_degrees()[~inner].sum()) == 0
+        for k, v in whole.ndata.items():
+            assert torch.equal(cut.ndata[k].long(), v.long()), k
+        # a part whose own nodes are not first is served whole, not cut wrongly
+        t = load_tensors_mapped(str(Path(f).parent / CSC_FILE))
+        t["ndata/inner_node"] = t["ndata/inner_node"].flip(0)
+        assert inner_edges_only(t) is None
+
+
 def test_a_server_holds_its_parts_structure_once(tmp_path):
     # 30k nodes, 600k edges in 2 parts: a part's structure is about 11 MB, well above the heap's noise (0-1 MB)
     big = planted_graph(n=30_000, deg=20, seed=2)

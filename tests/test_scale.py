@@ -69,7 +69,8 @@ def test_bench_scale_composes_and_every_job_is_a_valid_run():
     want |= {(r, "lamp", "default", layers) for r in RUNGS for layers in (2, 3)}
     want |= {(r, "tma", v, 2) for r in RUNGS for v in ("random", "supernode")}
     want |= {("synthetic-chunked-4m", "distdgl", "default", 2), ("synthetic-chunked-4m", "tma", "random", 2),
-             ("synthetic-chunked-8m", "distdgl", "default", 2)}
+             ("synthetic-chunked-8m", "distdgl", "default", 2), ("synthetic-chunked-8m", "tma", "random", 2)}
+    want |= {("synthetic-chunked-8m", "lamp", "default", layers) for layers in (2, 3)}
     assert seen == want
 
 

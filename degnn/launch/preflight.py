@@ -83,6 +83,9 @@ def check_config(cfg) -> None:
         raise LaunchError(f"cluster.machines={cl.machines}: cluster=netns supports 1..99 machines")
     _int_at_least(cfg, "cluster.trainers_per_machine", 1)
     _int_at_least(cfg, "cluster.servers_per_machine", 1)
+    if cl.get("server_edges", "inner") not in ("inner", "all"):
+        raise LaunchError(f"cluster.server_edges={cl.server_edges}: must be inner (the in-edges of a "
+                          f"part's own nodes, what degnn samples) or all (the whole part)")
     if not 1 <= cl.port <= 65535 - cl.servers_per_machine:
         raise LaunchError(f"cluster.port={cl.port}: must be a TCP port with room for "
                           f"cluster.servers_per_machine={cl.servers_per_machine} ports after it")

@@ -101,26 +101,34 @@ def load_tensors_mapped(path: str) -> Optional[Dict[str, "object"]]:
     return out
 
 
-def load_part_mapped(graph_file: str):
+def load_part_mapped(graph_file: str, inner_only: bool = False):
     """The part graph of `graph_file` (a part's graph.dgl) built over a memory map of the CSC file
     degnn's writers put beside it (degnn/part_csc.py), or None where there is none or it does not
-    parse (DGL then loads graph.dgl, as for a partition made elsewhere)."""
-    from degnn.part_csc import CSC_FILE, graph_from_csc
+    parse (DGL then loads graph.dgl, as for a partition made elsewhere). `inner_only`: only the
+    in-edges of the part's own nodes (degnn.part_csc.inner_edges_only), where the part allows."""
+    from degnn.part_csc import CSC_FILE, graph_from_csc, inner_edges_only
 
     path = os.path.join(os.path.dirname(graph_file), CSC_FILE)
     if not os.path.exists(path):
         return None
     tensors = load_tensors_mapped(path)
+    if tensors is not None and inner_only:
+        inner = inner_edges_only(tensors)
+        if inner is None:
+            log.warning("%s: own nodes' in-edges are not a prefix of the part; serving all its edges", path)
+        tensors = inner or tensors
     g = graph_from_csc(tensors) if tensors is not None else None
     if g is not None:
-        log.info("%s: part graph mapped from %s", graph_file, path)
+        log.info("%s: part graph mapped from %s (%d nodes, %d edges)", graph_file, path, g.num_nodes(),
+                 g.num_edges())
     return g
 
 
-def install() -> None:
-    """Make this process's DGL partition loading read a part's graph through `load_part_mapped` and
-    its tensor files (the graph server's `load_partition_feats`) through `load_tensors_mapped`, each
-    falling back to DGL's reader; and name a part graph file DGL cannot load."""
+def install(inner_only: bool = False) -> None:
+    """Make this process's DGL partition loading read a part's graph through `load_part_mapped`
+    (with `inner_only`) and its tensor files (the graph server's `load_partition_feats`) through
+    `load_tensors_mapped`, each falling back to DGL's reader; and name a part graph file DGL cannot
+    load."""
     from dgl.distributed import partition
 
     dgl_load = partition.load_tensors
@@ -129,7 +137,7 @@ def install() -> None:
     dgl_load_graphs = partition.load_graphs
 
     def load_graphs(filename, idx_list=None):
-        mapped = load_part_mapped(filename) if idx_list is None else None
+        mapped = load_part_mapped(filename, inner_only) if idx_list is None else None
         if mapped is not None:
             return [mapped], {}
         try:

@@ -222,7 +222,8 @@ class LinkTask(Task):
         keep = inner[src] & inner[dst]
         pairs = torch.stack([src[keep], dst[keep]])
         n = pairs.shape[1]
-        return OwnIds(pairs[:, trainer * n // trainers:(trainer + 1) * n // trainers], len(src) / trainers)
+        # the pool: the part's inner edges (into its own nodes), whatever else the server keeps
+        return OwnIds(pairs[:, trainer * n // trainers:(trainer + 1) * n // trainers], int(inner[dst].sum()) / trainers)
 
     def own_batch(self, ids, owned, labels):
         """Seeds: the endpoints of the batch's edges (`ids`, [2, b]) and of their negatives
