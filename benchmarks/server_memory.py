@@ -58,6 +58,9 @@ time.sleep(0.02)
 print(json.dumps({"loaded": loaded, "formats": formats, "copied": status("RssAnon") - base,
                   "peak_anon": max(peak[0], status("RssAnon")) - base, "vm_hwm": status("VmHWM"),
                   "seconds": round(seconds, 2), "edges": shared.num_edges(), "part_nodes": shared.num_nodes()}))
+import glob  # DGL leaves the segments in /dev/shm when the process ends: a server's are the launcher's to remove
+for f in glob.glob(f"/dev/shm/load-part-{os.getpid()}*"):
+    os.unlink(f)
 """
 
 

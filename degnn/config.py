@@ -93,6 +93,12 @@ class TrainConfig:
     # evaluation adds to a machine (computation stays float32; the top layer's outputs too);
     # distdgl's and LAMP's evaluation, LAMP's history fill and degnn.infer (tma keeps float32)
     eval_hidden_dtype: str = "float32"
+    # null: the evaluation is full-neighbour and layer-wise over every node (DistDGL's, above); a
+    # list (one fan-out per layer, e.g. [25,10]): the validation and test nodes only, in batches of
+    # eval_batch_size, each by a computation graph sampled with these fan-outs as in training (a
+    # sampled estimate; no whole-graph table on the servers: for machines short of memory; node
+    # task, distdgl and LAMP)
+    eval_fanouts: Optional[List[int]] = None
     # stop after this many evaluations without a better validation metric (0 = never)
     patience: int = 0
     # an evaluation resets the patience count only when it beats the last one that did by more

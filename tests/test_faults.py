@@ -109,6 +109,11 @@ def test_unusable_run_directories_are_one_line(tmp_path, readonly_dir):
     (["train.batch_size=0"], "train.batch_size=0: must be an integer >= 1"),
     (["train.lr=0"], "train.lr=0.0: must be a finite number > 0"),
     (["train.lr=-0.1"], "train.lr=-0.1: must be a finite number > 0"),
+    (["train.eval_fanouts=[10]"], "train.eval_fanouts=[10]: give one fan-out per layer (model.layers=2)"),
+    (["train.eval_fanouts=[10,0]"], "each >= 1 or -1"),
+    (["pipeline=tma", "train.eval_fanouts=[10,10]"], "pipeline=tma evaluates its averaged model over every node"),
+    (["dataset=synthetic-tiny-link", "train.eval_fanouts=[10,10]"], "scores node tasks only"),
+    (["cluster.server_edges=out"], "cluster.server_edges=out: must be inner"),
 ])
 def test_bad_keys_fanouts_and_subnet_are_refused(overrides, expect):
     from degnn.models import check_model_config

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import dgl
@@ -671,6 +672,28 @@ def test_halo_store_disk_maps_the_halo_features_from_an_unlinked_file():
     assert mapped and all(m.startswith(tempfile.gettempdir()) and m.endswith("(deleted)") for m in mapped), mapped
 
 
+def test_history_store_disk_keeps_the_tables_in_unlinked_files(tmp_path):
+    """pipeline.history_store=disk: the history tables are mapped files in the temporary directory
+    (unlinked: only the mappings keep them) and hold what memory tables hold, row for row."""
+    from degnn.pipelines.lamp.compute import history_dir
+
+    codec = make_codec("minmax", 16, 8)
+    where = history_dir({"history_store": "disk"})
+    assert history_dir({"history_store": "memory"}) is None and where == tempfile.gettempdir()
+    on_disk, in_memory = History(500, 2, codec, where), History(500, 2, codec)
+    with open("/proc/self/maps") as f:
+        mapped = [line.split(None, 5)[-1].strip() for line in f if "degnn-lamp-table-" in line]
+    assert len(mapped) >= 2 and all(m.startswith(where) and m.endswith("(deleted)") for m in mapped), mapped
+    ids, x = torch.randperm(500)[:200], torch.randn(200, 16)
+    for h in (on_disk, in_memory):
+        torch.manual_seed(0)  # the same stochastic rounding in both
+        h.push(2, ids, x, version=3)
+    rows, age = on_disk.pull(2, torch.arange(500), now=5)
+    want_rows, want_age = in_memory.pull(2, torch.arange(500), now=5)
+    assert torch.equal(rows, want_rows) and torch.equal(age, want_age)
+    assert rows[ids].abs().sum() > 0 and not rows[~torch.isin(torch.arange(500), ids)].any()
+
+
 def test_answers_of_several_request_sets_in_flight_reach_their_own_receive(monkeypatch):
     """service.receive keeps answers that belong to another pending map (prefetched batches,
     background history traffic) for that map's turn, whatever order they arrive in."""
@@ -852,10 +875,14 @@ def test_two_machine_lamp_run_with_the_trainer_engine_and_pushed_gradients(roots
     p = launch(tmp_path, "pipeline=lamp", "pipeline.engine=trainer", "pipeline.grad=push", "pipeline.codec=absmax",
                "model.backend=torch",
                "cluster.entry=tests.lamp_answers_probe", "model.layers=3",
-               "model.fanouts=[10,10,5]", "train.batch_size=100", "train.epochs=1", "pipeline.halo_sync_steps=3", *roots)
+               "model.fanouts=[10,10,5]", "train.batch_size=100", "train.epochs=1", "pipeline.halo_sync_steps=3",
+               "pipeline.history_store=disk", "train.eval_fanouts=[10,10,5]", *roots)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "ok" and s["engine"] == "trainer" and s["grad"] == "push" and s["codec"] == "absmax", s
+    # the histories in files on disk (pipeline.history_store), scored by a sampled evaluation of the
+    # validation and test nodes (train.eval_fanouts): the accuracy bar below is met through both
+    assert s["eval_fanouts"] == [10, 10, 5], s
     # it learns with the absmax codec: half as much again as guessing after one epoch (0.27 measured;
     # the same run untrained, train.lr=1e-12, 0.05), and the owners' pushed gradients joined DDP's
     # all-reduce on every trainer alike (bit-identical parameters at the end)

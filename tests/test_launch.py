@@ -32,7 +32,7 @@ register_configs()
 # what DGL's tools/launch.py exports (docs/background.md, "DGL, OGB and Hydra facts"), plus our own
 SERVER_KEYS = {"DGL_ROLE", "DGL_NUM_SAMPLER", "OMP_NUM_THREADS", "DGL_NUM_CLIENT", "DGL_CONF_PATH",
                "DGL_IP_CONFIG", "DGL_NUM_SERVER", "DGL_GRAPH_FORMAT", "DGL_SERVER_ID", "PYTHONPATH",
-               "DEGNN_LAUNCHED"}
+               "DEGNN_LAUNCHED", "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_"}
 TRAINER_KEYS = {"DGL_DIST_MODE", "DGL_ROLE", "DGL_NUM_SAMPLER", "DGL_NUM_CLIENT", "DGL_CONF_PATH",
                 "DGL_IP_CONFIG", "DGL_NUM_SERVER", "DGL_GRAPH_FORMAT", "DGL_GROUP_ID",
                 "OMP_NUM_THREADS", "PYTHONPATH",

@@ -268,6 +268,12 @@ def test_a_server_keeps_its_own_nodes_in_edges(parted, method):
         got = sorted(zip(cut.edata[dgl.EID][ce].tolist(), cs.tolist(), cd.tolist()))
         want = sorted(zip(whole.edata[dgl.EID][e[keep]].tolist(), s[keep].tolist(), d[keep].tolist()))
         assert got == want
+        # as a server samples (DGL's sampler on its graph, then the part's edge ids of what it took):
+        # every in-edge of every own node, with its global id
+        own = torch.nonzero(inner).flatten()
+        took = dgl.sampling.sample_neighbors(cut, own, -1)
+        ts, td = (t.numpy() for t in took.edges())
+        assert sorted(zip(cut.edata[dgl.EID][took.edata[dgl.EID]].tolist(), ts.tolist(), td.tolist())) == want
         assert torch.equal(cut.in_degrees()[inner], whole.in_degrees()[inner])
         assert int(cut.in_degrees()[~inner].sum()) == 0
         for k, v in whole.ndata.items():

@@ -73,6 +73,7 @@ def check_config(cfg) -> None:
     _positive(cfg, "train.lr")
     _positive(cfg, "train.weight_decay", allow_zero=True)
     check_model_sizes(cfg.model)
+    check_eval_fanouts(cfg)
     cl = cfg.cluster
     if cl.get("fault_timeout_s") is not None:
         raise LaunchError("cluster.fault_timeout_s was renamed: it is the grace period between "
@@ -141,6 +142,25 @@ def check_fanouts(model) -> None:
     if bad:
         raise LaunchError(f"model.fanouts=[{','.join(map(str, fanouts))}]: each fan-out must be an "
                           f"integer >= 1 (or -1: every neighbour), got {bad[0]}")
+
+
+def check_eval_fanouts(cfg) -> None:
+    """train.eval_fanouts: null, or one fan-out per layer (>= 1 or -1) for a node task."""
+    fanouts = cfg.train.get("eval_fanouts")
+    if fanouts is None:
+        return
+    fanouts = list(fanouts)
+    ok = all(isinstance(f, int) and not isinstance(f, bool) and (f >= 1 or f == -1) for f in fanouts)
+    if not ok or len(fanouts) != cfg.model.layers:
+        raise LaunchError(f"train.eval_fanouts=[{','.join(map(str, fanouts))}]: give one fan-out per layer "
+                          f"(model.layers={cfg.model.layers}), each >= 1 or -1, or null for the full-neighbour "
+                          f"evaluation of every node")
+    if cfg.pipeline.name == "tma":
+        raise LaunchError("train.eval_fanouts: pipeline=tma evaluates its averaged model over every node "
+                          "(pipeline.evaluator_*); remove it")
+    if cfg.dataset.get("task", "node") != "node":
+        raise LaunchError(f"train.eval_fanouts: a sampled evaluation scores node tasks only; remove it for "
+                          f"dataset {cfg.dataset.name} (task {cfg.dataset.task})")
 
 
 def check_subnet(subnet: str) -> None:

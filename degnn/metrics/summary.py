@@ -37,6 +37,9 @@ class RunSummary:
     machines: int
     trainers: int
     device: str = "cpu"
+    # the evaluation: null = full-neighbour over every node; fan-outs = sampled, validation and
+    # test nodes only (train.eval_fanouts)
+    eval_fanouts: Optional[List[int]] = None
     # how it did (the test metric at the best validation point, and at the end)
     best_val: Optional[float] = None
     test: Optional[float] = None

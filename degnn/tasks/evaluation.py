@@ -15,7 +15,7 @@ import dgl
 import torch
 import torch.distributed as dist
 
-from degnn.compat import DistNodeDataLoader, MultiLayerFullNeighborSampler
+from degnn.compat import DistNodeDataLoader, MultiLayerFullNeighborSampler, NeighborSampler
 from degnn.runtime.device import DeviceMover
 
 
@@ -59,6 +59,11 @@ class DistEvaluator:
         self.all_nids = dgl.distributed.node_split(torch.ones(n, dtype=torch.bool), self.pb, force_even=True)
         self.score = task.scorer(ctx)
         self.dims = list(task.out_dims())
+        # train.eval_fanouts: the validation and test nodes only, by sampled computation graphs
+        self.fanouts = list(ctx.cfg.train.get("eval_fanouts") or [])
+        if self.fanouts and not hasattr(self.score, "sampled"):
+            raise ValueError(f"train.eval_fanouts={self.fanouts}: a sampled evaluation scores node tasks "
+                             f"only; remove it for the {task.name} task")
         self.hidden_dtype = HIDDEN_DTYPES.get(str(ctx.cfg.train.eval_hidden_dtype))
         if self.hidden_dtype is None:
             raise ValueError(f"train.eval_hidden_dtype={ctx.cfg.train.eval_hidden_dtype} is not one of "
@@ -118,9 +123,30 @@ class DistEvaluator:
         self.model.train()
         return self.outputs
 
+    @torch.no_grad()
+    def predict(self, nids: torch.Tensor) -> torch.Tensor:
+        """The model's outputs for `nids` (this trainer's share of a split), in that order, each
+        batch's nodes by a computation graph sampled with train.eval_fanouts (as in training):
+        nothing held but the batch. A sampled estimate of what the full-neighbour inference gives."""
+        feat_bytes = self.g.ndata["feat"].shape[1] * 4
+        x = self.g.ndata["feat"]
+        self.model.eval()
+        loader = DistNodeDataLoader(self.g, nids, NeighborSampler(self.fanouts), batch_size=self.batch_size,
+                                    shuffle=False, drop_last=False)
+        out = []
+        for input_nodes, _, blocks in loader:
+            self.ctx.counter.add("eval", remote_rows(self.pb, input_nodes) * feat_bytes)
+            out.append(self.model(*self.mover((blocks, x[input_nodes].float()))).cpu())
+            self.ctx.heartbeat.beat()
+        self.model.train()
+        return torch.cat(out) if out else torch.empty(0, self.dims[-1])
+
     def __call__(self) -> Tuple[float, float]:
-        val, test = self.score(self.inference(keep=False)[-1], self.model, self.evaluate_fn)
-        self.release()
+        if self.fanouts:
+            val, test = self.score.sampled(self.predict, self.evaluate_fn)
+        else:
+            val, test = self.score(self.inference(keep=False)[-1], self.model, self.evaluate_fn)
+            self.release()
         box = [val, test]
         dist.broadcast_object_list(box, src=0)
         return box[0], box[1]

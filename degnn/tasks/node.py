@@ -58,6 +58,23 @@ class NodeScorer:
     def __call__(self, logits, model, evaluate_fn):
         return self._one(logits, self.val_nids, evaluate_fn), self._one(logits, self.test_nids, evaluate_fn)
 
+    def sampled(self, predict, evaluate_fn):
+        """(validation, test) metric from `predict(nids)`: the logits of this trainer's share of a
+        split's nodes, in that order (train.eval_fanouts: no whole-graph table)."""
+        return tuple(self._one(_InOrder(nids, predict(nids)), nids, evaluate_fn)
+                     for nids in (self.val_nids, self.test_nids))
+
+
+class _InOrder:
+    """Logits computed for `nids` in their order, read back as `logits[nids]`."""
+
+    def __init__(self, nids, logits):
+        self.nids, self.logits = nids, logits
+
+    def __getitem__(self, nids):
+        assert nids is self.nids, "logits of another node list"
+        return self.logits
+
 
 
 class NodeTask(Task):

@@ -22,6 +22,8 @@ At 32 and 16 bits both keep float32 / float16 rows as they are.
 """
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import Dict, List, Optional, Tuple, Type
 
 import torch
@@ -29,6 +31,20 @@ import torch
 from degnn.pipelines.lamp.quantize import BITS, QRows, dequantize, pack_codes, quantize, round_half, unpack_codes
 
 Packed = Tuple[torch.Tensor, ...]
+
+
+def zero_table(shape: Tuple[int, ...], dtype: torch.dtype, where: Optional[str]) -> torch.Tensor:
+    """A zero tensor of `shape` in memory, or (`where`: a directory) over a sparse file there."""
+    numel = int(torch.Size(shape).numel())
+    if where is None or numel == 0:
+        return torch.zeros(shape, dtype=dtype)
+    fd, path = tempfile.mkstemp(prefix="degnn-lamp-table-", dir=where)
+    try:
+        os.ftruncate(fd, numel * torch.empty(0, dtype=dtype).element_size())  # reads as zeros
+        return torch.from_file(path, shared=True, size=numel, dtype=dtype).view(shape)
+    finally:
+        os.close(fd)
+        os.unlink(path)
 
 
 class Codec:
@@ -67,9 +83,11 @@ class Codec:
         raise NotImplementedError
 
     # --- tables and indexing ---------------------------------------------------------------------
-    def table(self, n: int) -> Packed:
-        """A table of `n` zero rows, to `put` rows into and `take` them from."""
-        return tuple(b if p is None else torch.zeros((n,) + p[1], dtype=p[0]) for b, p in zip(self.blank, self.parts))
+    def table(self, n: int, where: Optional[str] = None) -> Packed:
+        """A table of `n` zero rows, to `put` rows into and `take` them from. `where`: a directory
+        for its parts as memory-mapped files (unlinked at once: the mappings keep them), whose pages
+        the kernel may write back and drop when the machine is short of memory; None: in memory."""
+        return tuple(b if p is None else zero_table((n,) + p[1], p[0], where) for b, p in zip(self.blank, self.parts))
 
     def take(self, rows: Packed, idx: torch.Tensor) -> Packed:
         return tuple(t if p is None else t[idx] for t, p in zip(rows, self.parts))

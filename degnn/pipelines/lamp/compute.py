@@ -214,6 +214,12 @@ def map_halo_table(path: str, rows: int, codec: Codec) -> torch.Tensor:
     return torch.from_file(path, shared=True, size=rows * width, dtype=torch.uint8).view(rows, width)
 
 
+def history_dir(meta: dict) -> Optional[str]:
+    """Where the owner's history tables live: None (memory) or, with pipeline.history_store=disk,
+    the machine's temporary directory ($TMPDIR or /tmp)."""
+    return tempfile.gettempdir() if meta.get("history_store", "memory") == "disk" else None
+
+
 def row_codec(meta: dict) -> Codec:
     """The codec of an owner's hidden-state rows (histories, answers, pushed gradients)."""
     return make_codec(meta["codec"], meta["hidden"], meta["bits"])
@@ -310,7 +316,7 @@ class Owner:
                     m.get("backend", "auto"))
         # h^(1..L-2): the layers read as leaves (the top hidden layer, h^(L-1), is prepared fresh
         # by the owners, so its history is kept only with pipeline.roots=histories)
-        history = History(lg.num_nodes, m["history_layers"], row_codec(m))
+        history = History(lg.num_nodes, m["history_layers"], row_codec(m), history_dir(m))
         codec = make_codec(m["codec"], m["in_dim"], int(m.get("halo_bits", 32)))
         x = map_halo_table(setup.halo_path, len(setup.halo_ids), codec) if setup.halo_path else setup.halo_x
         halo_x = HaloFeatures(setup.halo_ids, x, lg.num_nodes, codec)

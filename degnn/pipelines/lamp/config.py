@@ -55,6 +55,9 @@ class LAMPConfig(PipelineConfig):
     # kernel keeps the rows it reads in the page cache and may drop them when the machine is short
     # of memory, re-reading them from disk; for machines smaller than what LAMP keeps)
     halo_store: str = "memory"
+    # where the owner's history tables live (memory or disk, as halo_store): on disk, files in the
+    # machine's temporary directory that the kernel writes back and drops when it is short of memory
+    history_store: str = "memory"
     # the halo nodes' features as stored (by pipeline.codec): 32 (float32, exact), 16 (float16) or
     # 8 (per-row 8-bit codes, stochastically rounded like the histories: about a quarter of the
     # bytes, for machines short of memory; only the bottom layer's halo leaves read them)

@@ -21,7 +21,7 @@ the owners' answers are prepared there too (owners.TrainerOwners).
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -29,13 +29,14 @@ from degnn.pipelines.lamp.codec import Codec, Packed
 
 
 class History:
-    def __init__(self, num_nodes: int, layers: int, codec: Codec):
-        """`layers` tables (hidden layers 1..layers) of `num_nodes` rows of `codec.dim` values."""
+    def __init__(self, num_nodes: int, layers: int, codec: Codec, where: Optional[str] = None):
+        """`layers` tables (hidden layers 1..layers) of `num_nodes` rows of `codec.dim` values; in
+        memory, or in memory-mapped files in the directory `where` (pipeline.history_store=disk)."""
         self.num_nodes, self.dim, self.layers, self.codec = num_nodes, codec.dim, layers, codec
         # (one zero row encoded with the global random stream, as the tables' prototype was
         # before the codec: fixed-seed runs draw the same numbers as they did)
         codec.encode(torch.zeros(1, codec.dim))
-        self.rows = [codec.table(num_nodes) for _ in range(layers)]
+        self.rows = [codec.table(num_nodes, where) for _ in range(layers)]
         self.stamp = [torch.full((num_nodes,), -1, dtype=torch.int64) for _ in range(layers)]
 
     def _t(self, layer: int) -> int:

@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from degnn.pipelines.lamp.compute import (Grads, GradRows, HistoryPull, HistoryRows, Owner, Roots, Rows, Weights,
-                                          flat, owned_local_ids, row_codec, unflat)
+                                          flat, history_dir, owned_local_ids, row_codec, unflat)
 from degnn.pipelines.lamp.engine import Answers, LampServiceError, Owners, Ticket
 from degnn.pipelines.lamp.graph import LocalGraph
 from degnn.pipelines.lamp.history import History
@@ -162,7 +162,7 @@ class TrainerOwners(Owners):
         self.home = owner_rank[pb.partid]  # this machine's owner
         self.owner: Optional[Owner] = None
         if self.home == rank:
-            history = LockedHistory(lg.num_nodes, meta["history_layers"], row_codec(meta))
+            history = LockedHistory(lg.num_nodes, meta["history_layers"], row_codec(meta), history_dir(meta))
             # its own LocalGraph over the same arrays: the builder's scratch is not for two threads
             self.owner = Owner(LocalGraph(lg.indptr, lg.indices, lg.inner, lg.nid), feat, halo_x, boundary,
                                copy.deepcopy(model), meta, history)

@@ -72,6 +72,9 @@ def check_lamp_config(pcfg, model_cfg) -> None:
     if pcfg.halo_store not in HALO_STORES:
         raise ValueError(f"pipeline.halo_store={pcfg.halo_store}: choose memory (the halo nodes' features in RAM) "
                          f"or disk (in a memory-mapped file under $TMPDIR, paged in and out by the kernel)")
+    if pcfg.history_store not in HALO_STORES:
+        raise ValueError(f"pipeline.history_store={pcfg.history_store}: choose memory (the history tables in RAM) "
+                         f"or disk (in memory-mapped files under $TMPDIR, paged in and out by the kernel)")
     if pcfg.roots not in ROOTS:
         raise ValueError(f"pipeline.roots={pcfg.roots}: choose owners (the remote roots prepared by their owners, "
                          f"LAMP) or histories (read from this machine's histories, the ablation)")
@@ -234,11 +237,22 @@ class LAMPPipeline(Pipeline):
     def _boundary(self) -> torch.Tensor:
         """Own nodes that other machines hold as halo nodes: the only own history rows anyone
         reads (other machines, through the halo sync); pushes and write-backs are limited to them."""
-        lists = [None] * self.ctx.world_size
-        dist.all_gather_object(lists, {m: self.halo.gid[pos] for m, pos in self.halo.pos_by_owner.items()}
-                               if self.leader else {})
-        wanted = [d[self.me] for d in lists if self.me in d]
-        wanted = torch.unique(torch.cat(wanted)) if wanted else torch.empty(0, dtype=torch.int64)
+        # each machine's leader sends every trainer the halo ids it holds of that trainer's machine
+        # (one all_to_all: a machine receives only its own nodes; on random parts of bench=scale's
+        # 8M graph a machine holds 5.5M halo nodes, which an all-gather would hand every trainer)
+        world = self.ctx.world_size
+        machine_of = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+        dist.all_gather(machine_of, torch.tensor([self.me], dtype=torch.int64))
+        empty = torch.empty(0, dtype=torch.int64)
+        parts = [self.halo.gid[self.halo.pos_by_owner[m]] if self.leader and m in self.halo.pos_by_owner else empty
+                 for m in torch.cat(machine_of).tolist()]
+        sizes = torch.tensor([len(p) for p in parts], dtype=torch.int64)
+        got = torch.empty(world, dtype=torch.int64)
+        dist.all_to_all_single(got, sizes)
+        wanted = torch.empty(int(got.sum()), dtype=torch.int64)
+        dist.all_to_all_single(wanted, torch.cat(parts), got.tolist(), sizes.tolist())
+        del parts
+        wanted = torch.unique(wanted)
         boundary = torch.zeros(self.lg.num_nodes, dtype=torch.bool)
         boundary[self.pb.nid2localnid(wanted, self.me).long()] = True
         return boundary
@@ -260,7 +274,8 @@ class LAMPPipeline(Pipeline):
         meta = dict(kind=cfg.model.name, in_dim=self.in_dim, hidden=cfg.model.hidden, out_dim=self.out_dim,
                     layers=self.L, dropout=float(cfg.model.dropout), heads=cfg.model.heads, backend=cfg.model.backend,
                     fanouts=self.fanouts, bits=self.bits, seed=int(cfg.train.seed) + self.me, fusion=self.fused,
-                    history_layers=self.tables, halo_bits=int(cfg.pipeline.halo_bits), codec=cfg.pipeline.codec)
+                    history_layers=self.tables, halo_bits=int(cfg.pipeline.halo_bits), codec=cfg.pipeline.codec,
+                    history_store=cfg.pipeline.history_store)
         try:
             self.owners = make_owners(cfg.pipeline.engine, self.ctx, self.lg, self.local_feat, self.halo_x,
                                       self.boundary, self.gnn, meta, self.leader, self.halo_path)
