@@ -99,6 +99,9 @@ class TrainConfig:
     # sampled estimate; no whole-graph table on the servers: for machines short of memory; node
     # task, distdgl and LAMP)
     eval_fanouts: Optional[List[int]] = None
+    # with eval_fanouts: at most this many validation nodes and as many test nodes, each trainer
+    # its share drawn uniformly from its own once (train.seed); 0 = every one
+    eval_max_nodes: int = 0
     # stop after this many evaluations without a better validation metric (0 = never)
     patience: int = 0
     # an evaluation resets the patience count only when it beats the last one that did by more

@@ -228,3 +228,23 @@ def test_lampnet_returns_the_tasks_loss_of_its_top_rows(kind):
     h, _ = LampNet(model)(cg.blocks, x[cg.inner_src[0]], leaves)
     loss, hidden = LampNet(model, task.seed_loss)(cg.blocks, x[cg.inner_src[0]], leaves, target)
     assert loss.dim() == 0 and torch.allclose(loss, task.seed_loss(model, h, target)) and len(hidden) == 1
+
+
+def test_a_sampled_evaluation_scores_at_most_its_share_of_eval_max_nodes_the_same_each_time():
+    """train.eval_max_nodes: each trainer keeps at most its share (the cap over the trainers) of each
+    split, drawn from its own nodes once; a split under the share is kept whole; 0 keeps all."""
+    from degnn.tasks.node import NodeScorer
+
+    def scorer(limit, rank):
+        s = NodeScorer.__new__(NodeScorer)
+        s.ctx = SimpleNamespace(cfg=OmegaConf.create({"train": {"eval_max_nodes": limit, "seed": 0}}),
+                                world_size=4, rank=rank)
+        s.val_nids, s.test_nids, s._sampled = torch.arange(1000, 1100), torch.arange(7), None
+        return s
+
+    val, test = scorer(40, 0).sample_splits()
+    assert len(val) == 10 and len(torch.unique(val)) == 10 and bool(torch.isin(val, torch.arange(1000, 1100)).all())
+    assert torch.equal(val, val.sort().values) and torch.equal(test, torch.arange(7))
+    s = scorer(40, 1)
+    assert s.sample_splits() is s.sample_splits() and not torch.equal(s.sample_splits()[0], val)  # own draw
+    assert torch.equal(scorer(0, 0).sample_splits()[0], torch.arange(1000, 1100))

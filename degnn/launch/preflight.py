@@ -147,7 +147,11 @@ def check_fanouts(model) -> None:
 def check_eval_fanouts(cfg) -> None:
     """train.eval_fanouts: null, or one fan-out per layer (>= 1 or -1) for a node task."""
     fanouts = cfg.train.get("eval_fanouts")
+    _int_at_least(cfg, "train.eval_max_nodes", 0, " (0 = every validation and test node)")
     if fanouts is None:
+        if cfg.train.get("eval_max_nodes", 0):
+            raise LaunchError(f"train.eval_max_nodes={cfg.train.eval_max_nodes}: only a sampled evaluation "
+                              f"(train.eval_fanouts) takes a subset; the full one computes every node anyway")
         return
     fanouts = list(fanouts)
     ok = all(isinstance(f, int) and not isinstance(f, bool) and (f >= 1 or f == -1) for f in fanouts)

@@ -40,6 +40,7 @@ class RunSummary:
     # the evaluation: null = full-neighbour over every node; fan-outs = sampled, validation and
     # test nodes only (train.eval_fanouts)
     eval_fanouts: Optional[List[int]] = None
+    eval_max_nodes: int = 0  # with eval_fanouts: validation and test nodes scored at most (0: all)
     # how it did (the test metric at the best validation point, and at the end)
     best_val: Optional[float] = None
     test: Optional[float] = None

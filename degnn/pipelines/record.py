@@ -224,6 +224,7 @@ class RunRecord:
             hidden=cfg.model.hidden, fanouts=list(cfg.model.fanouts), machines=ctx.machines,
             trainers=ctx.world_size, device=str(ctx.device),
             eval_fanouts=list(cfg.train.eval_fanouts) if cfg.train.get("eval_fanouts") else None,
+            eval_max_nodes=int(cfg.train.get("eval_max_nodes", 0)),
             best_val=state["best_val"], test=state["best_test"], test_final=state["test_final"],
             best_epoch=state["best_epoch"], train_time_s=round(state["train_time_s"], 3),
             wall_s=round(state["wall_s"] if state["wall_s"] else time.time() - wall0, 3),

@@ -48,6 +48,7 @@ class NodeScorer:
         self.ctx = ctx
         self.val_nids = dgl.distributed.node_split(g.ndata["val_mask"], pb, force_even=True)
         self.test_nids = dgl.distributed.node_split(g.ndata["test_mask"], pb, force_even=True)
+        self._sampled = None  # sample_splits' nodes, drawn at the first sampled evaluation
 
     def _one(self, logits, nids, evaluate_fn):
         pairs = gather_to_rank0(self.ctx, (self.g.ndata["label"][nids].long(), logits[nids].argmax(1)))
@@ -62,7 +63,19 @@ class NodeScorer:
         """(validation, test) metric from `predict(nids)`: the logits of this trainer's share of a
         split's nodes, in that order (train.eval_fanouts: no whole-graph table)."""
         return tuple(self._one(_InOrder(nids, predict(nids)), nids, evaluate_fn)
-                     for nids in (self.val_nids, self.test_nids))
+                     for nids in self.sample_splits())
+
+    def sample_splits(self):
+        """This trainer's validation and test nodes, at most its share of train.eval_max_nodes of
+        each, drawn uniformly once (the same nodes every evaluation)."""
+        if self._sampled is None:
+            cfg = self.ctx.cfg.train
+            limit = -(-int(cfg.get("eval_max_nodes", 0)) // self.ctx.world_size)
+            g = torch.Generator().manual_seed(int(cfg.seed) + self.ctx.rank)
+            self._sampled = tuple(nids if not limit or len(nids) <= limit
+                                  else nids[torch.randperm(len(nids), generator=g)[:limit].sort().values]
+                                  for nids in (self.val_nids, self.test_nids))
+        return self._sampled
 
 
 class _InOrder:

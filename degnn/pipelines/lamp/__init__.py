@@ -60,7 +60,8 @@ for every node; a 2-layer model has no history and skips it). Evaluation is the 
 for distdgl. The halo nodes' features are copied once at set-up, into memory or, with
 `pipeline.halo_store=disk`, into a memory-mapped file the kernel may page out; with
 `pipeline.halo_bits=8` (or 16) they are stored rounded by the run's codec (per-row 8-bit codes,
-stochastic rounding as for the histories), a quarter of the bytes. Histories and halo features serve training only:
+stochastic rounding as for the histories), a quarter of the bytes; `pipeline.history_store=disk`
+maps the history tables from files too. Histories and halo features serve training only:
 they are freed before the final evaluation (`training_done`).
 
 Choices where the paper is silent (docs/background.md, "LAMP (DEGNN)"), and why:
