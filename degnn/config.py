@@ -83,9 +83,10 @@ class TrainConfig:
     # evaluate validation/test every N epochs (full-neighbour, whole graph); pipeline=tma: every N
     # averaging rounds, and the last
     eval_every: int = 1
-    # pipeline=distdgl: 0 = an epoch is one pass over the training nodes/edges; N = an epoch is N
-    # batches, the next one continuing where it stopped (evaluation, checkpoints and the time
-    # limit then come every N batches: link prediction's epochs are long)
+    # 0 = an epoch is one pass over the training nodes/edges; N = an epoch is N batches
+    # (evaluation, checkpoints and the time limit then come every N batches: link prediction's
+    # epochs are long, bench=scale's 8M rung is bounded): pipeline=distdgl's next epoch continues
+    # where the last stopped, pipeline=lamp's trains the first N batches of a fresh shuffle
     batches_per_epoch: int = 0
     eval_batch_size: int = 4096
     # the dtype of the evaluation's hidden-layer tables (every node's output of every layer below

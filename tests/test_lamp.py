@@ -876,13 +876,14 @@ def test_two_machine_lamp_run_with_the_trainer_engine_and_pushed_gradients(roots
                "model.backend=torch",
                "cluster.entry=tests.lamp_answers_probe", "model.layers=3",
                "model.fanouts=[10,10,5]", "train.batch_size=100", "train.epochs=1", "pipeline.halo_sync_steps=3",
-               "pipeline.history_store=disk", "train.eval_fanouts=[10,10,5]", *roots)
+               "pipeline.history_store=disk", "train.eval_fanouts=[10,10,5]", "train.batches_per_epoch=5", *roots)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["status"] == "ok" and s["engine"] == "trainer" and s["grad"] == "push" and s["codec"] == "absmax", s
     # the histories in files on disk (pipeline.history_store), scored by a sampled evaluation of the
     # validation and test nodes (train.eval_fanouts): the accuracy bar below is met through both
     assert s["eval_fanouts"] == [10, 10, 5], s
+    assert s["batches"] == 2 * 5, s  # train.batches_per_epoch: 5 batches of each trainer's epoch
     # it learns with the absmax codec: half as much again as guessing after one epoch (0.27 measured;
     # the same run untrained, train.lr=1e-12, 0.05), and the owners' pushed gradients joined DDP's
     # all-reduce on every trainer alike (bit-identical parameters at the end)

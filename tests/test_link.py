@@ -157,7 +157,7 @@ def test_batches_per_epoch_is_checked_before_anything_starts():
 
     from degnn.pipelines import check_trainers, pipeline_class
 
-    for name, shortens in (("distdgl", True), ("lamp", False), ("tma", False)):
+    for name, shortens in (("distdgl", True), ("lamp", True), ("tma", False)):
         cfg = compose_config([f"pipeline={name}", "train.batches_per_epoch=15"])
         check_config(cfg)
         if shortens:

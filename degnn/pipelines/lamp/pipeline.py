@@ -133,6 +133,7 @@ class LAMPPipeline(Pipeline):
     name = "lamp"
     tasks = ("node", "link")
     config_schema = LAMPConfig
+    shortens_epochs = True  # train.batches_per_epoch: the first N batches of each epoch's shuffle
     byte_categories = {"lamp_request": "a batch's roots to the machines that own them",
                        "lamp_response": "the owners' prepared hidden states of those roots",
                        "history_sync": "halo history rows pulled from their owners",
@@ -402,7 +403,7 @@ class LAMPPipeline(Pipeline):
         self.fusion[2] += unfolded
 
     def batches_per_epoch(self) -> Optional[int]:
-        return self.num_batches
+        return min(self.num_batches, self.cfg.train.batches_per_epoch or self.num_batches)
 
     def batches_of(self, epoch: int):
         """The asynchronous pipeline: the asks of batch i+k (k = pipeline.prefetch) are in flight
@@ -414,7 +415,7 @@ class LAMPPipeline(Pipeline):
         self._ship_weights(wait=True)  # (after a resume the owners hold the initial weights)
         self.ddp.train()
         order = self.train_ids[..., torch.randperm(self.num_train)]
-        seeds_of = list(torch.tensor_split(order, self.num_batches, dim=-1))
+        seeds_of = list(torch.tensor_split(order, self.num_batches, dim=-1))[:self.batches_per_epoch()]
         yield from pipelined(seeds_of, self.prefetch, self._issue, self._complete, self.timer)
 
     def step(self, batch) -> float:
