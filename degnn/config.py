@@ -92,7 +92,7 @@ class TrainConfig:
     # the dtype of the evaluation's hidden-layer tables (every node's output of every layer below
     # the top, DistTensors on the servers): float32, or float16 to halve the shared memory an
     # evaluation adds to a machine (computation stays float32; the top layer's outputs too);
-    # distdgl's and LAMP's evaluation, LAMP's history fill and degnn.infer (tma keeps float32)
+    # distdgl's, LAMP's and TMA's evaluation, LAMP's history fill and degnn.infer
     eval_hidden_dtype: str = "float32"
     # null: the evaluation is full-neighbour and layer-wise over every node (DistDGL's, above); a
     # list (one fan-out per layer, e.g. [25,10]): the validation and test nodes only, in batches of

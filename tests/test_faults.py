@@ -111,6 +111,7 @@ def test_unusable_run_directories_are_one_line(tmp_path, readonly_dir):
     (["train.lr=-0.1"], "train.lr=-0.1: must be a finite number > 0"),
     (["train.eval_fanouts=[10]"], "train.eval_fanouts=[10]: give one fan-out per layer (model.layers=2)"),
     (["train.eval_fanouts=[10,0]"], "each >= 1 or -1"),
+    (["train.eval_hidden_dtype=int8"], "train.eval_hidden_dtype=int8: choose float32 or float16"),
     (["train.eval_max_nodes=100"], "only a sampled evaluation (train.eval_fanouts) takes a subset"),
     (["train.eval_fanouts=[5,5]", "train.eval_max_nodes=-1"], "train.eval_max_nodes=-1: must be an integer >= 0"),
     (["pipeline=tma", "train.eval_fanouts=[10,10]"], "pipeline=tma evaluates its averaged model over every node"),

@@ -145,7 +145,13 @@ def check_fanouts(model) -> None:
 
 
 def check_eval_fanouts(cfg) -> None:
-    """train.eval_fanouts: null, or one fan-out per layer (>= 1 or -1) for a node task."""
+    """train.eval_fanouts: null, or one fan-out per layer (>= 1 or -1) for a node task; and
+    train.eval_hidden_dtype one the evaluators know."""
+    from degnn.tasks.evaluation import HIDDEN_DTYPES
+
+    if str(cfg.train.eval_hidden_dtype) not in HIDDEN_DTYPES:
+        raise LaunchError(f"train.eval_hidden_dtype={cfg.train.eval_hidden_dtype}: choose "
+                          f"{' or '.join(HIDDEN_DTYPES)}")
     fanouts = cfg.train.get("eval_fanouts")
     _int_at_least(cfg, "train.eval_max_nodes", 0, " (0 = every validation and test node)")
     if fanouts is None:

@@ -56,6 +56,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from degnn.config import CONF_DIR
 from degnn.pipelines.base import Pipeline
 from degnn.runtime.device import DeviceMover
+from degnn.tasks.evaluation import HIDDEN_DTYPES
 
 from .config import TMAConfig
 from .contract import RoundPlan
@@ -178,7 +179,8 @@ class TMAPipeline(Pipeline):
         self.kill_at = float(p.kill_at_s) if p.kill_rank == ctx.rank else None
         # every trainer makes the evaluation's DistTensors together (a DGL barrier), dropped ones too
         self.evaluation = SharedEvaluation(g, task, ctx.counter, cfg.train.eval_batch_size,
-                                           DeviceMover.of(cfg.model.backend, self.device))
+                                           DeviceMover.of(cfg.model.backend, self.device),
+                                           hidden_dtype=HIDDEN_DTYPES[str(cfg.train.eval_hidden_dtype)])
         task.evaluate_fn()  # the dataset's evaluator (OGB's), built once before the clocks start
         self.plan = self.round_plan()
         g_local = self.local.graph

@@ -43,7 +43,8 @@ def tensor_name(layer: int) -> str:
 class SharedEvaluation:
     """One trainer's side of the evaluation: the plan, the layer outputs, one unit's work."""
 
-    def __init__(self, g, task, counter, batch_size: int, mover, units_per_part: int = UNITS_PER_PART):
+    def __init__(self, g, task, counter, batch_size: int, mover, units_per_part: int = UNITS_PER_PART,
+                 hidden_dtype: torch.dtype = torch.float32):
         self.g, self.task, self.counter, self.batch_size = g, task, counter, batch_size
         self.mover = mover  # a unit's blocks and input rows to the model's device
         self.pb = pb = g.get_partition_book()
@@ -58,10 +59,14 @@ class SharedEvaluation:
             lo += n
         policy = g.get_node_partition_policy("_N")
         # kept for the whole run (creating one is a barrier, safe only here, with every trainer
-        # alive); unwritten at first: a phase writes every node's row before the next reads any
-        self.outputs = [dgl.distributed.DistTensor((g.num_nodes(), d), torch.float32, name=tensor_name(i),
-                                                   part_policy=policy, init_func=unfilled, persistent=True)
-                        for i, d in enumerate(task.out_dims())]
+        # alive); unwritten at first: a phase writes every node's row before the next reads any.
+        # Hidden layers in train.eval_hidden_dtype (float16 halves them: 0.25 GiB a machine on
+        # bench=scale's 8M graph), the top layer's outputs in float32
+        dims = list(task.out_dims())
+        self.outputs = [dgl.distributed.DistTensor((g.num_nodes(), d), hidden_dtype if i < len(dims) - 1 else torch.float32,
+                                                   name=tensor_name(i), part_policy=policy, init_func=unfilled,
+                                                   persistent=True)
+                        for i, d in enumerate(dims)]
         self.layers = len(self.outputs)
         self.phases = self.layers + 1  # the layers, then the scoring
 
@@ -81,7 +86,8 @@ class SharedEvaluation:
         row = x.shape[1] * torch.empty(0, dtype=x.dtype).element_size()
         nodes = self.nodes(unit)
         remote_home = self.homes[unit] != pb.partid
-        out_row = self.outputs[i].shape[1] * 4
+        out = self.outputs[i]
+        out_row = out.shape[1] * torch.empty(0, dtype=out.dtype).element_size()
         for seeds in torch.split(nodes, self.batch_size):
             block = dgl.to_block(dgl.distributed.sample_neighbors(g, seeds, -1), seeds)
             inputs = block.srcdata[dgl.NID]
@@ -89,7 +95,7 @@ class SharedEvaluation:
             h = model.layer_forward(i, *self.mover((block, x[inputs].float())))
             if not beat():
                 return False
-            self.outputs[i][seeds] = h.cpu()  # the table lives on the graph servers
+            out[seeds] = h.to(out.dtype).cpu()  # the table lives on the graph servers
             self.counter.add("eval", sampling_bytes(remote, [block]) + int(remote.sum()) * (ID_BYTES + row)
                              + (len(seeds) * (ID_BYTES + out_row) if remote_home else 0))
             after_write()
