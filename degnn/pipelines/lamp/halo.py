@@ -24,7 +24,8 @@ class HaloSync:
         pipeline.roots=histories); `codec`: their rows' (codec.py)."""
         halo = torch.nonzero(~lg.inner).flatten()
         self.local, self.gid = halo, lg.nid[halo]
-        self.owner = pb.nid2partid(self.gid)
+        # (int16: a machine id; random parts of bench=scale's 8M graph give a machine 5.5M halo nodes)
+        self.owner = pb.nid2partid(self.gid).to(torch.int16)
         # by position in `halo`: each owner's positions, and the step each row of each history
         # table was last refreshed from its owner (a budgeted sync takes the oldest first)
         self.pos_by_owner = {int(m): torch.nonzero(self.owner == m).flatten() for m in torch.unique(self.owner)}
