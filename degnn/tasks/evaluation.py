@@ -6,6 +6,10 @@ the next layer reads those rows (`inference`). Then the task scores the last lay
 rank 0 scores the validation and test predictions with the dataset's evaluator (OGB's
 `Evaluator`); link task, every trainer scores its share of the held-out edges against their
 negatives with the model's decoder and rank 0 averages the reciprocal ranks of all.
+
+With train.eval_fanouts (node task) there is no whole-graph pass: each trainer predicts its share
+of the validation and test nodes (train.eval_max_nodes of each at most) in batches, each by a
+computation graph sampled with those fan-outs as in training (`predict`), and holds only the batch.
 """
 from __future__ import annotations
 

@@ -35,7 +35,7 @@ def chunks(n: int, row_bytes: int, chunk_bytes: int):
         yield slice(lo, min(n, lo + step))
 
 ENGINES = ("server", "trainer")
-HALO_STORES = ("memory", "disk")
+STORES = ("memory", "disk")  # pipeline.halo_store, pipeline.history_store
 ROOTS = ("owners", "histories")
 
 
@@ -69,10 +69,10 @@ def check_lamp_config(pcfg, model_cfg) -> None:
     if pcfg.engine not in ENGINES:
         raise ValueError(f"pipeline.engine={pcfg.engine}: choose server (the owners' preparation runs in DGL's graph "
                          f"servers) or trainer (in each machine's trainer process, over torch.distributed)")
-    if pcfg.halo_store not in HALO_STORES:
+    if pcfg.halo_store not in STORES:
         raise ValueError(f"pipeline.halo_store={pcfg.halo_store}: choose memory (the halo nodes' features in RAM) "
                          f"or disk (in a memory-mapped file under $TMPDIR, paged in and out by the kernel)")
-    if pcfg.history_store not in HALO_STORES:
+    if pcfg.history_store not in STORES:
         raise ValueError(f"pipeline.history_store={pcfg.history_store}: choose memory (the history tables in RAM) "
                          f"or disk (in memory-mapped files under $TMPDIR, paged in and out by the kernel)")
     if pcfg.roots not in ROOTS:
