@@ -266,7 +266,7 @@ def _tma_trainer(monkeypatch, tmp_path, rank, n_train, weighting, world=3):
     graph.ndata["feat"] = torch.zeros(graph.num_nodes(), 3)
     monkeypatch.setattr(tma, "build_local_data", lambda g, part_config, log, task: SimpleNamespace(
         graph=graph, train_ids=torch.arange(n_train), edges_total=0))
-    monkeypatch.setattr(tma, "SharedEvaluation", lambda *a: SimpleNamespace(
+    monkeypatch.setattr(tma, "SharedEvaluation", lambda *a, **kw: SimpleNamespace(
         plan=lambda: {"homes": list(range(world)), "phases": 2}))
     task = SimpleNamespace(prepare=lambda ctx, collective: None, local_loader=lambda g, ids, bs: None,
                            local_labels=lambda g: None, evaluate_fn=lambda: None, describe=lambda: "fake",
