@@ -58,6 +58,7 @@ class DistEvaluator:
         self.mover = DeviceMover.of(ctx.cfg.model.backend, ctx.device)  # a batch's block and rows to the model
         self.pb = g.get_partition_book()
         self.batch_size = ctx.cfg.train.eval_batch_size
+        self.feat_bytes = g.ndata["feat"].shape[1] * 4  # a float32 input row, as counted
         self.evaluate_fn = task.evaluate_fn()
         n = g.num_nodes()
         self.all_nids = dgl.distributed.node_split(torch.ones(n, dtype=torch.bool), self.pb, force_even=True)
@@ -104,7 +105,6 @@ class DistEvaluator:
         first that many are computed and allocated (the others stay None). keep=False deletes each
         layer's tensor once the next one is computed (a machine holds two layers' shares at most;
         only the last one is returned)."""
-        feat_bytes = self.g.ndata["feat"].shape[1] * 4
         x = self.g.ndata["feat"]
         self.model.eval()
         sampler = MultiLayerFullNeighborSampler(1)
@@ -114,7 +114,7 @@ class DistEvaluator:
             out = self.outputs[i]
             loader = DistNodeDataLoader(self.g, self.all_nids, sampler, batch_size=self.batch_size,
                                         shuffle=False, drop_last=False)
-            row_bytes = (feat_bytes if i == 0 else x.shape[1] * x.dtype.itemsize)
+            row_bytes = (self.feat_bytes if i == 0 else x.shape[1] * x.dtype.itemsize)
             for input_nodes, output_nodes, blocks in loader:
                 self.ctx.counter.add("eval", remote_rows(self.pb, input_nodes) * row_bytes)
                 h = self.model.layer_forward(i, *self.mover((blocks[0], x[input_nodes].float())))
@@ -132,14 +132,13 @@ class DistEvaluator:
         """The model's outputs for `nids` (this trainer's share of a split), in that order, each
         batch's nodes by a computation graph sampled with train.eval_fanouts (as in training):
         nothing held but the batch. A sampled estimate of what the full-neighbour inference gives."""
-        feat_bytes = self.g.ndata["feat"].shape[1] * 4
         x = self.g.ndata["feat"]
         self.model.eval()
         loader = DistNodeDataLoader(self.g, nids, NeighborSampler(self.fanouts), batch_size=self.batch_size,
                                     shuffle=False, drop_last=False)
         out = []
         for input_nodes, _, blocks in loader:
-            self.ctx.counter.add("eval", remote_rows(self.pb, input_nodes) * feat_bytes)
+            self.ctx.counter.add("eval", remote_rows(self.pb, input_nodes) * self.feat_bytes)
             out.append(self.model(*self.mover((blocks, x[input_nodes].float()))).cpu())
             self.ctx.heartbeat.beat()
         self.model.train()

@@ -51,7 +51,12 @@ class NodeScorer:
         self._sampled = None  # sample_splits' nodes, drawn at the first sampled evaluation
 
     def _one(self, logits, nids, evaluate_fn):
-        pairs = gather_to_rank0(self.ctx, (self.g.ndata["label"][nids].long(), logits[nids].argmax(1)))
+        return self._scored(nids, logits[nids], evaluate_fn)
+
+    def _scored(self, nids, logits, evaluate_fn):
+        """The metric of this trainer's `nids` (one split's share) from their logits, in that order,
+        and every other trainer's (collective; the value on rank 0, None elsewhere)."""
+        pairs = gather_to_rank0(self.ctx, (self.g.ndata["label"][nids].long(), logits.argmax(1)))
         if pairs is None:
             return None
         return evaluate_fn(torch.cat([t for t, _ in pairs]), torch.cat([p for _, p in pairs]))
@@ -62,8 +67,7 @@ class NodeScorer:
     def sampled(self, predict, evaluate_fn):
         """(validation, test) metric from `predict(nids)`: the logits of this trainer's share of a
         split's nodes, in that order (train.eval_fanouts: no whole-graph table)."""
-        return tuple(self._one(_InOrder(nids, predict(nids)), nids, evaluate_fn)
-                     for nids in self.sample_splits())
+        return tuple(self._scored(nids, predict(nids), evaluate_fn) for nids in self.sample_splits())
 
     def sample_splits(self):
         """This trainer's validation and test nodes, at most its share of train.eval_max_nodes of
@@ -76,18 +80,6 @@ class NodeScorer:
                                   else nids[torch.randperm(len(nids), generator=g)[:limit].sort().values]
                                   for nids in (self.val_nids, self.test_nids))
         return self._sampled
-
-
-class _InOrder:
-    """Logits computed for `nids` in their order, read back as `logits[nids]`."""
-
-    def __init__(self, nids, logits):
-        self.nids, self.logits = nids, logits
-
-    def __getitem__(self, nids):
-        assert nids is self.nids, "logits of another node list"
-        return self.logits
-
 
 
 class NodeTask(Task):
