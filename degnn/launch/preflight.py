@@ -73,7 +73,7 @@ def check_config(cfg) -> None:
     _positive(cfg, "train.lr")
     _positive(cfg, "train.weight_decay", allow_zero=True)
     check_model_sizes(cfg.model)
-    check_eval_fanouts(cfg)
+    check_evaluation(cfg)
     cl = cfg.cluster
     if cl.get("fault_timeout_s") is not None:
         raise LaunchError("cluster.fault_timeout_s was renamed: it is the grace period between "
@@ -130,6 +130,11 @@ def check_model_sizes(model) -> None:
     check_fanouts(model)
 
 
+def bad_fanouts(fanouts) -> list:
+    """The fan-outs DGL's sampler cannot take: each must be an integer >= 1, or -1 (every neighbour)."""
+    return [f for f in fanouts if not isinstance(f, int) or isinstance(f, bool) or not (f >= 1 or f == -1)]
+
+
 def check_fanouts(model) -> None:
     """model.layers >= 1 and each fan-out >= 1 or -1 (every neighbour): DGL's sampler aborts in
     C++ (std::bad_alloc) on -2, and 0 trains on no neighbours at all. (One fan-out per layer is
@@ -138,13 +143,13 @@ def check_fanouts(model) -> None:
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
         raise LaunchError(f"model.layers={layers}: must be an integer >= 1 (the number of GNN layers)")
     fanouts = list(model.fanouts)
-    bad = [f for f in fanouts if not isinstance(f, int) or isinstance(f, bool) or not (f >= 1 or f == -1)]
+    bad = bad_fanouts(fanouts)
     if bad:
         raise LaunchError(f"model.fanouts=[{','.join(map(str, fanouts))}]: each fan-out must be an "
                           f"integer >= 1 (or -1: every neighbour), got {bad[0]}")
 
 
-def check_eval_fanouts(cfg) -> None:
+def check_evaluation(cfg) -> None:
     """train.eval_fanouts: null, or one fan-out per layer (>= 1 or -1) for a node task; and
     train.eval_hidden_dtype one the evaluators know."""
     from degnn.tasks.evaluation import HIDDEN_DTYPES
@@ -160,8 +165,7 @@ def check_eval_fanouts(cfg) -> None:
                               f"(train.eval_fanouts) takes a subset; the full one computes every node anyway")
         return
     fanouts = list(fanouts)
-    ok = all(isinstance(f, int) and not isinstance(f, bool) and (f >= 1 or f == -1) for f in fanouts)
-    if not ok or len(fanouts) != cfg.model.layers:
+    if bad_fanouts(fanouts) or len(fanouts) != cfg.model.layers:
         raise LaunchError(f"train.eval_fanouts=[{','.join(map(str, fanouts))}]: give one fan-out per layer "
                           f"(model.layers={cfg.model.layers}), each >= 1 or -1, or null for the full-neighbour "
                           f"evaluation of every node")
