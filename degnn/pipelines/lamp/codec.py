@@ -33,18 +33,27 @@ from degnn.pipelines.lamp.quantize import BITS, QRows, dequantize, pack_codes, q
 Packed = Tuple[torch.Tensor, ...]
 
 
+def sparse_file(where: str, prefix: str, nbytes: int) -> str:
+    """The path of a new file of `nbytes` zero bytes in the directory `where` (sparse: no page is
+    written until the table over it is), for a table to map."""
+    fd, path = tempfile.mkstemp(prefix=prefix, dir=where)
+    try:
+        os.ftruncate(fd, nbytes)
+    finally:
+        os.close(fd)
+    return path
+
+
 def zero_table(shape: Tuple[int, ...], dtype: torch.dtype, where: Optional[str]) -> torch.Tensor:
     """A zero tensor of `shape` in memory, or (`where`: a directory) over a sparse file there."""
     numel = int(torch.Size(shape).numel())
     if where is None or numel == 0:
         return torch.zeros(shape, dtype=dtype)
-    fd, path = tempfile.mkstemp(prefix="degnn-lamp-table-", dir=where)
+    path = sparse_file(where, "degnn-lamp-table-", numel * torch.empty(0, dtype=dtype).element_size())
     try:
-        os.ftruncate(fd, numel * torch.empty(0, dtype=dtype).element_size())  # reads as zeros
         return torch.from_file(path, shared=True, size=numel, dtype=dtype).view(shape)
     finally:
-        os.close(fd)
-        os.unlink(path)
+        os.unlink(path)  # the mapping keeps it
 
 
 class Codec:

@@ -17,7 +17,6 @@ through service.py before `dgl.distributed.initialize`.
 """
 from __future__ import annotations
 
-import os
 import tempfile
 from dataclasses import dataclass, field, fields
 from typing import Dict, List, Optional, Tuple
@@ -25,7 +24,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from degnn.pipelines.lamp.graph import fusion_counts, unfold
-from degnn.pipelines.lamp.codec import Codec, Packed, make_codec
+from degnn.pipelines.lamp.codec import Codec, Packed, make_codec, sparse_file
 from degnn.pipelines.lamp.history import History, ages_summary
 
 # the field of a message spread on the wire (`flat`): a packed value (a tuple of tensors) or a
@@ -200,11 +199,7 @@ def halo_table(rows: int, codec: Codec, where: Optional[str]) -> Tuple[torch.Ten
     width = codec.row_bytes
     if where is None or rows * codec.dim == 0:
         return torch.empty(rows, width, dtype=torch.uint8), ""
-    fd, path = tempfile.mkstemp(prefix="degnn-lamp-halo-", dir=where)
-    try:
-        os.ftruncate(fd, rows * width)
-    finally:
-        os.close(fd)
+    path = sparse_file(where, "degnn-lamp-halo-", rows * width)
     return map_halo_table(path, rows, codec), path
 
 
